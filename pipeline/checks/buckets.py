@@ -1,0 +1,127 @@
+"""Bucket completeness: dd_metastate sets, sequence-length tiers, cache meta files."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from . import check
+from .files import is_inside
+
+PREFIX = "dd_metastate_"
+TIERED = re.compile(r"^dd_metastate_Llm_(?P<phase>Prefill|Token)_(?P<node>.+)_(?P<tier>\d+)$")
+
+
+def metastate_sets(pkg) -> dict[str, dict[str, str]]:
+    """stem (folder + name without extension) → extension → relative path."""
+    sets: dict[str, dict[str, str]] = defaultdict(dict)
+    for rel in pkg.files:
+        name = rel.rsplit("/", 1)[-1]
+        if name.startswith(PREFIX) and "." in name:
+            stem, ext = rel.rsplit(".", 1)
+            sets[stem][ext] = rel
+    return dict(sets)
+
+
+@check("RP601", "metastate-sets")
+def metastate_complete(ctx):
+    """Every dd_metastate set has its `.state` file and the siblings the
+    profile requires (e.g. `.fconst`, `.super`, `.ctrlpkt` for 1.6); no
+    sibling is orphaned (a `.fconst` without its `.state`); a sibling present
+    in most sets but missing from one is reported; a profile that needs
+    metastate finds at least one set."""
+    spec = ctx.profile["metastate"]
+    sets = metastate_sets(ctx.pkg)
+    if spec["required"] and not sets:
+        yield ctx.finding(PREFIX + "*", f"no dd_metastate files: profile {ctx.profile['id']} packages carry one set per NPU node", "copy all dd_metastate_* files of the package")
+        return
+    required = set(spec["siblings"])
+    known = required | set(spec.get("optional_siblings", []))
+    seen = defaultdict(int)
+    for exts in sets.values():
+        for ext in exts:
+            seen[ext] += 1
+    for stem, exts in sorted(sets.items()):
+        if "state" not in exts and "state" in known:
+            for ext, rel in sorted(exts.items()):
+                yield ctx.finding(rel, f"is orphaned: {stem}.state is missing", "copy the missing .state file, or remove the leftover")
+            continue
+        for ext in sorted(required - set(exts)):
+            yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} (profile {ctx.profile['id']} requires .{ext})", "copy all dd_metastate_* files of the package")
+        for ext in sorted(set(seen) - set(exts) - required):
+            if seen[ext] * 2 > len(sets):
+                yield ctx.finding(f"{stem}.{ext}", f"is missing while {seen[ext]} of {len(sets)} metastate sets have a .{ext} file", "copy all dd_metastate_* files of the package", severity="warning")
+        for ext in sorted(set(exts) - known):
+            if known:
+                yield ctx.finding(exts[ext], f"has an extension .{ext} that profile {ctx.profile['id']} does not know", "remove stray files from the package", severity="warning")
+
+
+def tiers_present(pkg) -> dict[str, dict[str, set[int]]]:
+    """phase (Prefill/Token) → node → tiers found in tiered file names."""
+    out: dict[str, dict[str, set[int]]] = {"Prefill": defaultdict(set), "Token": defaultdict(set)}
+    for stem in metastate_sets(pkg):
+        m = TIERED.match(stem.rsplit("/", 1)[-1])
+        if m:
+            out[m["phase"]][m["node"]].add(int(m["tier"]))
+    return out
+
+
+@check("RP602", "bucket-tiers")
+def bucket_tiers(ctx):
+    """For layouts with one metastate set per sequence-length tier
+    (`dd_metastate_Llm_<Prefill|Token>_<node>_<L>`): the declared tiers are
+    strictly increasing; every declared tier up to `search.max_length` has its
+    set for every node; the largest token tier covers `search.max_length` and
+    the largest prefill tier covers the chunk size; files for undeclared tiers
+    are reported as extras."""
+    if not ctx.profile["metastate"].get("tiered"):
+        return
+    from .consistency import lengths
+
+    L = lengths(ctx)
+    declared = ctx.profile["buckets"]
+    present = tiers_present(ctx.pkg)
+    phases = (("Prefill", "prefill", L["chunk_size"] or L["npu_seq"]), ("Token", "token", L["max_length"]))
+    for phase, key, must_cover in phases:
+        tiers = declared.get(key, [])
+        if any(b <= a for a, b in zip(tiers, tiers[1:])):
+            yield ctx.finding("", f"profile {ctx.profile['id']} declares {key} tiers {tiers}, which are not strictly increasing", "fix the profile's bucket list")
+        wanted = [t for t in tiers if not L["max_length"] or t <= L["max_length"]]
+        nodes = present[phase]
+        if wanted and not nodes:
+            yield ctx.finding(f"dd_metastate_Llm_{phase}_*", f"no {key} tier sets found; profile {ctx.profile['id']} declares tiers {wanted}", "rebuild the package with raipack build")
+            continue
+        for node, have in sorted(nodes.items()):
+            for t in wanted:
+                if t not in have:
+                    yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{t}.state", f"is missing: {key} tier {t} of node {node} has no metastate set", "rebuild the package; a tier without its plan cannot run")
+            for t in sorted(have - set(wanted)):
+                yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{t}.state", f"is an extra {key} tier {t} that profile {ctx.profile['id']} does not declare", "remove it or rebuild with the right profile", severity="warning")
+            top = max(have)
+            if must_cover and top < must_cover:
+                yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{top}.state", f"the largest {key} tier is {top}, below the {must_cover} tokens the settings allow", "add a tier that covers the length, or lower the length settings")
+
+
+@check("RP603", "cache-meta")
+def cache_meta(ctx):
+    """Every `cache/<node>_meta.json` tensor map names files that exist in the
+    same folder with the recorded `file_size`."""
+    for fe in ctx.pkg.by_role("cache_meta"):
+        meta = ctx.pkg.try_json(fe.rel)
+        if not isinstance(meta, dict):
+            continue
+        folder = fe.rel.rsplit("/", 1)[0]
+        tmap = meta.get("tensor_map")
+        entries = tmap.items() if isinstance(tmap, dict) else enumerate(tmap) if isinstance(tmap, list) else ()
+        for key, entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
+                continue
+            name, pointer = entry["file_name"], f"/tensor_map/{key}/file_name"
+            if not is_inside(name):
+                yield ctx.finding(fe.rel, f"tensor {key} names {name!r}, a path that leaves the package", "name a file in the cache folder", pointer)
+                continue
+            target = ctx.pkg.files.get(f"{folder}/{name}")
+            if target is None:
+                yield ctx.finding(fe.rel, f"tensor {key} names {name}, which is not in {folder}/", "copy the whole cache folder", pointer)
+            elif isinstance(entry.get("file_size"), int) and entry["file_size"] != target.size and not target.lfs:
+                yield ctx.finding(target.rel, f"is {target.size} bytes but {fe.rel} records {entry['file_size']}", "copy the cache folder again", f"/tensor_map/{key}/file_size")

@@ -1,0 +1,117 @@
+"""Checks on the package's files as files: presence, LFS pointers, paths, pickles, code."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from ..package import SCAN
+from . import check
+
+WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
+
+
+@check(SCAN, "package-scan")
+def package_scan(ctx):
+    """The folder can be walked: every entry is readable, no symlink leaves the
+    package or loops, and no special file (device, socket, pipe) sits in it.
+    Symlinks to folders are reported and not followed."""
+    return ctx.pkg.scan_findings
+
+
+@check("RP102", "lfs-pointer")
+def lfs_pointer(ctx):
+    """A file is a Git LFS pointer (recognised by its content, ~130 bytes of
+    `version https://git-lfs...`/`oid`/`size`) where the real file belongs.
+    The runtime then fails with "Protobuf parsing failed" or similar. The
+    finding names the size the real file would have."""
+    for fe in ctx.pkg.files.values():
+        if fe.lfs:
+            yield ctx.finding(
+                fe.rel,
+                f"is a Git LFS pointer ({fe.size} bytes) instead of the real {fe.lfs.size}-byte file",
+                "run `git lfs install && git lfs pull` in the package's clone",
+                pointer=fe.lfs.oid,
+            )
+
+
+@check("RP103", "empty-file")
+def empty_file(ctx):
+    """A weights, graph or config file is empty (0 bytes): an interrupted copy
+    or download."""
+    for fe in ctx.pkg.files.values():
+        if fe.size == 0 and (fe.role in WEIGHT_ROLES or fe.rel.endswith(".json")):
+            yield ctx.finding(fe.rel, "is empty (0 bytes)", "copy or download the file again")
+
+
+@check("RP104", "path-escape")
+def path_escape(ctx):
+    """Every file a config names (the decoder graph, the external data file,
+    cache tensor files) is a relative path inside the package: no `..`, no
+    absolute path, no drive letter."""
+    for rel, pointer, value in referenced_paths(ctx):
+        if not is_inside(value):
+            yield ctx.finding(rel, f"{pointer} is {value!r}, a path that leaves the package", "name a file inside the package folder, relative to it", pointer)
+
+
+def is_inside(value: str) -> bool:
+    norm = value.replace("\\", "/")
+    return not (norm.startswith("/") or (len(norm) > 1 and norm[1] == ":") or ".." in norm.split("/"))
+
+
+def referenced_paths(ctx):
+    """(file, JSON pointer, path) for every file name a config refers to."""
+    genai = ctx.genai
+    if isinstance(genai, dict):
+        dec = genai.get("model", {}).get("decoder", {}) if isinstance(genai.get("model"), dict) else {}
+        if isinstance(dec, dict) and isinstance(dec.get("filename"), str):
+            yield "genai_config.json", "/model/decoder/filename", dec["filename"]
+        opts, where = ctx.options
+        for key in ("external_data_file", "custom_ops_library"):
+            if isinstance(opts.get(key), str):
+                yield "genai_config.json", where[key], opts[key]
+
+
+@check("RP105", "pickle-weights", "warning")
+def pickle_weights(ctx):
+    """A pickle-based checkpoint (`pytorch_model.bin`, `*.pt`, `*.pkl`, a
+    `.bin` that starts like a pickle). Loading one can run arbitrary code, so
+    raipack never loads it; the build accepts safetensors only."""
+    for fe in ctx.pkg.by_role("pickle"):
+        if not fe.lfs:
+            yield ctx.finding(fe.rel, "is a pickle-based checkpoint; raipack does not load it (loading can execute code)", "convert it to safetensors with a trusted tool, then remove it")
+
+
+@check("RP106", "code-files", "warning")
+def code_files(ctx):
+    """The package carries code (`*.py`, shared libraries). raipack never
+    imports or runs code from a package; a deployable package should not need
+    any beyond the runtime's own custom-op library."""
+    opts, _ = ctx.options
+    allowed = {opts.get("custom_ops_library")}
+    for fe in ctx.pkg.by_role("code"):
+        if fe.rel not in allowed:
+            yield ctx.finding(fe.rel, "is code shipped inside the package; raipack did not run it", "remove it unless the runtime documents that it needs it")
+
+
+@check("RP107", "required-files")
+def required_files(ctx):
+    """Every file the profile requires is present (globs allowed), and of each
+    group of alternatives (e.g. `cache/` or `.cache/`) at least one is there.
+    The profile's recommended files are reported as warnings."""
+    files = ctx.pkg.files
+    prof = ctx.profile
+    spec = prof["files"]
+
+    def present(pattern: str) -> bool:
+        return pattern in ctx.pkg.dirs or any(fnmatch.fnmatchcase(rel, pattern) for rel in files)
+
+    for pattern in spec["required"]:
+        if not present(pattern):
+            what = "a file matching" if any(c in pattern for c in "*?[") else "the file"
+            yield ctx.finding(pattern, f"is missing: profile {prof['id']} requires {what} {pattern!r}", "copy the complete package again (all files of the release)")
+    for group in spec.get("required_one_of", []):
+        if not any(present(p) for p in group):
+            yield ctx.finding(group[0], f"is missing: profile {prof['id']} requires one of {', '.join(group)}", "copy the complete package again (all files of the release)")
+    for pattern in spec.get("recommended", []):
+        if not present(pattern):
+            yield ctx.finding(pattern, f"is missing; profile {prof['id']} packages usually carry it", "add it if the release ships it", severity="warning")

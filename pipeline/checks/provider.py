@@ -1,0 +1,118 @@
+"""RyzenAI provider options: types, allowed values and the files they name."""
+
+from __future__ import annotations
+
+from ..data import load_data
+from ..genai import provider_names
+from . import check
+
+GENAI = "genai_config.json"
+
+
+def known():
+    return load_data("ryzenai_options.json")
+
+
+def is_power_of_two(text) -> bool:
+    try:
+        n = int(str(text))
+    except ValueError:
+        return False
+    return n > 0 and n & (n - 1) == 0
+
+
+def weights_sibling(header: str) -> str:
+    """model.pb.bin → model.bin; model_jit.pb.bin → model_jit.bin."""
+    return header[: -len(".pb.bin")] + ".bin" if header.endswith(".pb.bin") else header + ".bin"
+
+
+def _ryzen_keys(ctx):
+    """Options that are runtime options (not ONNX Runtime session settings)."""
+    opts, where = ctx.options
+    session_keys = set(known()["session_keys"])
+    for key, value in opts.items():
+        if key not in session_keys or "/config_entries/" in where[key] or "/RyzenAI/" in where[key]:
+            yield key, value, where[key]
+
+
+@check("RP401", "option-strings")
+def option_strings(ctx):
+    """Every RyzenAI option value is a string ("4096", not 4096): the runtime
+    reads them as strings and rejects other JSON types."""
+    for key, value, pointer in _ryzen_keys(ctx):
+        if not isinstance(value, str):
+            yield ctx.finding(GENAI, f"option {key} is {value!r} ({type(value).__name__}); expected a string such as \"{value}\"", "quote the value", pointer)
+
+
+@check("RP402", "seq-length-power-of-two")
+def power_of_two(ctx):
+    """`hybrid_opt_max_seq_length` (and any option the profile marks) is a
+    power of two, as the runtime requires."""
+    opts, where = ctx.options
+    marked = {k for k, v in ctx.profile["genai"]["options"].items() if v.get("power_of_two")}
+    for key in sorted(marked | {"hybrid_opt_max_seq_length"}):
+        if key in opts and not is_power_of_two(opts[key]):
+            yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; expected a power of two such as \"4096\"", "use the nearest power of two at or below the length the package was built for", where[key])
+
+
+@check("RP403", "token-backend")
+def token_backend(ctx):
+    """`hybrid_opt_token_backend` is `npu` or `gpu`, nothing else."""
+    opts, where = ctx.options
+    allowed = known()["token_backends"]
+    if "hybrid_opt_token_backend" in opts and opts["hybrid_opt_token_backend"] not in allowed:
+        yield ctx.finding(GENAI, f"option hybrid_opt_token_backend is {opts['hybrid_opt_token_backend']!r}; expected one of {', '.join(allowed)}", "set it to \"npu\" for an NPU package", where["hybrid_opt_token_backend"])
+
+
+@check("RP404", "external-data-file")
+def external_data_file(ctx):
+    """`external_data_file` names a header that is in the package, and its
+    sibling weights file (model.pb.bin → model.bin) is there too."""
+    opts, where = ctx.options
+    header = opts.get("external_data_file")
+    if not isinstance(header, str):
+        return
+    pointer = where["external_data_file"]
+    if header not in ctx.pkg.files:
+        yield ctx.finding(GENAI, f"option external_data_file names {header!r}, which is not in the package", "copy the NPU header file into the package", pointer)
+    sibling = weights_sibling(header)
+    if sibling not in ctx.pkg.files:
+        yield ctx.finding(sibling, f"is missing: it holds the NPU weights that {header} indexes", "copy the NPU weights file into the package", pointer)
+
+
+@check("RP405", "cache-folder")
+def cache_folder(ctx):
+    """An NPU package (token backend npu, or an external_data_file) has a
+    `cache/` or `.cache/` folder next to its graph: the runtime reads the
+    per-node meta files from there."""
+    opts, _ = ctx.options
+    needs = opts.get("hybrid_opt_token_backend") == "npu" or ctx.profile["metastate"]["required"]
+    if needs and not ({"cache", ".cache"} & ctx.pkg.dirs):
+        yield ctx.finding("cache", "is missing: an NPU package needs a cache/ or .cache/ folder beside its graph", "copy the package's cache/ folder too")
+
+
+@check("RP406", "profile-options")
+def profile_options(ctx):
+    """The options the profile requires are present with allowed values; 1.7+
+    packages carry a `RyzenAI` provider block; options unknown to the runtime
+    are reported as probable typos (warning)."""
+    prof = ctx.profile
+    genai = ctx.genai
+    if not isinstance(genai, dict):
+        return
+    opts, where = ctx.options
+    if prof["genai"]["form"] == "provider_options" and "RyzenAI" not in provider_names(genai):
+        yield ctx.finding(GENAI, f"has no RyzenAI provider block; profile {prof['id']} expects provider_options: [{{\"RyzenAI\": {{...}}}}]", "add the RyzenAI block with the profile's options", "/model/decoder/session_options/provider_options")
+        return
+    for key, rule in prof["genai"]["options"].items():
+        if key not in opts:
+            if rule.get("required"):
+                yield ctx.finding(GENAI, f"option {key} is missing; profile {prof['id']} requires it", "add it to the RyzenAI options", "/model/decoder/session_options")
+            continue
+        if rule.get("allowed") and str(opts[key]) not in rule["allowed"]:
+            yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; profile {prof['id']} expects {' or '.join(map(repr, rule['allowed']))}", "use the value of the release the package targets", where[key])
+    names = known()["options"]
+    session_keys = set(known()["session_keys"])
+    for key, _value, pointer in _ryzen_keys(ctx):
+        if key not in names and key not in session_keys:
+            yield ctx.finding(GENAI, f"option {key} is not an option the RyzenAI runtime reads", "check the spelling against `raipack checks RP406`", pointer, "warning")

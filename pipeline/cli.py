@@ -1,0 +1,152 @@
+"""Command line: parses arguments, calls the logic, turns errors into one line.
+
+Exit codes: 0 clean, 1 error-level findings (or a failed build), 2 usage
+error, 3 nothing to validate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import NothingToValidate, RaipackError, UsageError
+from .output import atomic_write_text, use_color
+
+
+def _ids(value: str | None) -> tuple[str, ...]:
+    return tuple(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="raipack")
+def cli():
+    """Build and check model packages for AMD Ryzen AI NPUs."""
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--profile", default="auto", show_default=True, help="Profile id (see `raipack profiles`), or auto to detect it.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "sarif"]), default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report here (atomically); the text summary still goes to stdout.")
+@click.option("--strict", is_flag=True, help="Warnings fail the run too.")
+@click.option("--strict-advice", is_flag=True, help="Advice fails the run too.")
+@click.option("--select", help="Only these check ids or prefixes, comma-separated (RP1,RP202).")
+@click.option("--ignore", help="Skip these check ids or prefixes, comma-separated.")
+@click.option("--verify-hashes", is_flag=True, help="Hash every file against manifest.json or its Git LFS oid.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Threads for --verify-hashes (default: every core).")
+def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs):
+    """Check model package folders against their profile's schemas and rules."""
+    from .reporters import REPORTERS
+    from .validate import validate as run
+
+    results, codes = [], []
+    for path in paths:
+        try:
+            result = run(path, profile, _ids(select), _ids(ignore), verify_hashes, jobs)
+        except NothingToValidate as exc:
+            _error(exc)
+            codes.append(exc.exit_code)
+            continue
+        results.append(result)
+        codes.append(1 if result.failed(strict, strict_advice) else 0)
+    code = 1 if 1 in codes else 3 if 3 in codes else 0
+    report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False)
+    if output:
+        atomic_write_text(output, report)
+        if fmt != "text":
+            click.echo(REPORTERS["text"](results, code, use_color(sys.stdout)), nl=False)
+    else:
+        click.echo(report, nl=False)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--profile", default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(path, profile, as_json):
+    """Summarise a package: profile, files, quantization, options, buckets, limits."""
+    from .inspect import render, summary
+
+    data = summary(path, profile)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        render(data)
+
+
+@cli.command()
+@click.argument("name", required=False)
+def schemas(name):
+    """List the JSON Schemas, or print one."""
+    from . import schemas as s
+
+    if name is None:
+        for n in s.names():
+            click.echo(f"{n:20} {s.load(n).get('title', '')}")
+        return
+    name = name.removesuffix(".schema.json").removesuffix(".json")
+    if name not in s.names():
+        raise UsageError(f"no schema named {name!r}", f"choose one of: {', '.join(s.names())}")
+    click.echo(json.dumps(s.load(name), indent=2))
+
+
+@cli.command()
+@click.argument("ids", nargs=-1)
+def checks(ids):
+    """List the checks with their ids, severities and docs."""
+    from .checks import load_all
+
+    specs = [s for s in load_all().values() if not ids or any(s.id.startswith(i) or s.name == i for i in ids)]
+    if ids and not specs:
+        raise UsageError(f"no check matches {' '.join(ids)}", "run `raipack checks` to list them")
+    for spec in specs:
+        click.echo(f"{spec.id} {spec.name} [{spec.severity}]{' (with --' + spec.needs.replace('_', '-') + ')' if spec.needs else ''}")
+        for line in spec.doc.splitlines():
+            click.echo(f"    {line}")
+
+
+@cli.command()
+@click.argument("profile_id", required=False)
+def profiles(profile_id):
+    """List the profiles (package generations), or print one."""
+    from . import profile as p
+
+    if profile_id:
+        click.echo(json.dumps(p.get(profile_id), indent=2))
+        return
+    for prof in p.all_profiles().values():
+        click.echo(f"{prof['id']:16} {prof['title']}")
+
+
+def _error(exc: RaipackError):
+    click.echo(f"ERROR: {exc}", err=True)
+    if exc.hint:
+        click.echo(f"  hint: {exc.hint}", err=True)
+
+
+def main(argv=None):
+    try:
+        cli.main(args=argv, prog_name="raipack", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+    except RaipackError as exc:
+        _error(exc)
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

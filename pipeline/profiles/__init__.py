@@ -1,0 +1,1 @@
+"""Profiles are data: one JSON file per package generation (see docs/profiles.md)."""

@@ -1,0 +1,19 @@
+"""The machine-readable report (schemas/report.schema.json)."""
+
+from __future__ import annotations
+
+import json
+
+from .. import __version__
+
+
+def report_dict(results, exit_code: int) -> dict:
+    return {
+        "tool": {"name": "raipack", "version": __version__},
+        "results": [r.to_dict() for r in results],
+        "exit_code": exit_code,
+    }
+
+
+def render(results, exit_code: int, color: bool = False) -> str:
+    return json.dumps(report_dict(results, exit_code), indent=2) + "\n"

@@ -1,0 +1,48 @@
+"""Validate one package folder: scan, pick the profile, run the checks."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from . import profile as profiles
+from .checks import Context, run_checks
+from .errors import NothingToValidate, UsageError
+from .findings import Result
+from .package import Package
+
+MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
+
+
+def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False, jobs: int | None = None) -> tuple[Context, str]:
+    """Scan a folder and pick its profile; raise a user error when it is no package."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist", "give the path of a package folder")
+    if not path.is_dir():
+        raise UsageError(f"{path} is a file; expected a package folder", f"validate its folder: raipack validate {path.parent}")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise UsageError(f"{path} cannot be read", "check the folder's permissions")
+    pkg = Package.scan(path)
+    if not pkg.by_role(*MODEL_ROLES):
+        raise NothingToValidate(
+            f"{path} holds no model package (no genai_config.json, config.json, .onnx or weights files)",
+            "point raipack at the folder that holds genai_config.json",
+        )
+    if profile == "auto":
+        found = profiles.detect(pkg)
+        if found is None:
+            prof, reason = profiles.get("oga-export"), "no profile matched; checked as a generic ONNX Runtime GenAI folder"
+        else:
+            prof, reason = found.profile, found.reason
+    else:
+        prof, reason = profiles.get(profile), "chosen with --profile"
+    return Context(pkg, prof, verify_hashes=verify_hashes, jobs=jobs), reason
+
+
+def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None) -> Result:
+    start = time.perf_counter()
+    ctx, reason = open_package(path, profile, verify_hashes, jobs)
+    findings, ran = run_checks(ctx, select, ignore)
+    return Result(root=str(path), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)

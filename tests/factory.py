@@ -1,0 +1,332 @@
+"""Generate model packages shaped like each profile (fixtures are made, never downloaded).
+
+`make_package(root, profile_id)` writes a package that validates clean under
+that profile: small real ONNX graphs with the OGA input/output contract and a
+MatMulNBits node whose weights are external data, consistent configs, a
+tokenizer, NPU weight files, cache meta files and metastate sets. `Dims`
+scales it; `sparse=True` writes weight files as sparse files of the real size
+(an 8B-shaped package costs no disk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.checks.provider import weights_sibling
+from pipeline.profile import get as get_profile
+
+QUARK_CONFIG = {
+    "algo_config": [{"name": "awq", "model_decoder_layers": "model.layers", "scaling_layers": [
+        {"prev_op": "input_layernorm", "layers": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "inp": "self_attn.q_proj", "module2inspect": "self_attn"},
+        {"prev_op": "self_attn.v_proj", "layers": ["self_attn.o_proj"], "inp": "self_attn.o_proj"},
+        {"prev_op": "post_attention_layernorm", "layers": ["mlp.gate_proj", "mlp.up_proj"], "inp": "mlp.gate_proj", "module2inspect": "mlp"},
+        {"prev_op": "mlp.up_proj", "layers": ["mlp.down_proj"], "inp": "mlp.down_proj"}]}],
+    "exclude": ["lm_head"],
+    "export": {"kv_cache_group": [], "min_kv_scale": 0.0, "pack_method": "reorder", "weight_format": "real_quantized", "weight_merge_groups": None},
+    "global_quant_config": {
+        "weight": {"dtype": "uint4", "qscheme": "per_group", "group_size": 128, "symmetric": False, "ch_axis": -1, "observer_cls": "PerGroupMinMaxObserver", "round_method": "half_even", "scale_type": "float", "is_dynamic": False, "zero_point_type": "int32"},
+        "input_tensors": None, "output_tensors": None, "bias": None, "target_device": None},
+    "kv_cache_post_rope": False, "kv_cache_quant_config": {}, "layer_quant_config": {}, "layer_type_quant_config": {},
+    "quant_method": "quark", "quant_mode": "eager_mode", "softmax_quant_spec": None, "version": "0.13",
+}
+
+
+@dataclass
+class Dims:
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_size: int = 32
+    vocab: int = 320
+    intermediate: int = 256
+    context_length: int = 131072
+    tokenizer_vocab: int | None = None  # defaults to vocab (a tokenizer.json of that many tokens)
+    group_size: int = 128
+
+    @property
+    def hidden(self) -> int:
+        return self.heads * self.head_size
+
+
+LLAMA_8B = Dims(layers=32, heads=32, kv_heads=8, head_size=128, vocab=128256, intermediate=14336, tokenizer_vocab=128256)
+
+
+@dataclass
+class Layout:
+    """File names of one package generation."""
+
+    graph: str = "model.onnx"
+    data: str = "model.onnx.data"
+    header: str | None = "model.pb.bin"
+    cache: str | None = "cache"
+    extra: list[str] = field(default_factory=list)
+
+
+def layout_for(profile: dict, name: str = "Model") -> Layout:
+    pid = profile["id"]
+    if pid == "1.3-hybrid":
+        return Layout(f"{name}_jit.onnx", f"{name}_jit.onnx.data", f"{name}_jit.pb.bin", None)
+    if pid == "1.3-npu":
+        return Layout("model.onnx", "model.data", None, None, ["prompts.txt"])
+    if pid == "1.6-npu":
+        return Layout("fusion.onnx", "fusion.onnx.data", "prefill.pb.bin", ".cache")
+    if profile["target"] == "hybrid":
+        return Layout("model_jit.onnx", "model_jit.onnx.data", "model_jit.pb.bin", None)
+    if profile["target"] == "intermediate":
+        return Layout("model.onnx", "model.onnx.data", None, None)
+    return Layout()
+
+
+def folder_name(profile: dict, model: str = "Llama-3.2-1B-Instruct") -> str:
+    patterns = profile["detect"]["name_patterns"]
+    return patterns[0].replace("*", model) if patterns else f"{model}-{profile['id']}"
+
+
+# -- the graph ---------------------------------------------------------------
+
+def make_graph(d: Dims, *, block_size: int | None = None, bits: int = 4, quantize_lm_head: bool = False) -> onnx.ModelProto:
+    """An OGA-shaped decoder: real I/O contract, one MatMulNBits per layer, external weights."""
+    block = block_size or d.group_size
+    H, kvh, hs = d.hidden, d.kv_heads, d.head_size
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", d.vocab])]
+    nodes, inits = [], []
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((min(d.vocab, 512), H)).astype(np.float32)
+    inits.append(numpy_helper.from_array(emb, "model.embed_tokens.weight"))
+    nodes.append(helper.make_node("Gather", ["model.embed_tokens.weight", "input_ids"], ["/model/embed_tokens/Gather/output_0"], name="/model/embed_tokens/Gather"))
+    x = "/model/embed_tokens/Gather/output_0"
+    for i in range(d.layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, ["batch_size", kvh, "past_sequence_length", hs]))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, ["batch_size", kvh, "total_sequence_length", hs]))
+            nodes.append(helper.make_node("Identity", [f"past_key_values.{i}.{kind}"], [f"present.{i}.{kind}"], name=f"/model/layers.{i}/attn/{kind}_cache"))
+        prefix = f"/model/layers.{i}/mlp/down_proj/MatMul"
+        K, N = H, H
+        nb = (K + block - 1) // block
+        w = rng.integers(0, 255, (N, nb, block * bits // 8), dtype=np.uint8)
+        inits += [numpy_helper.from_array(w, f"{prefix}.weight_Q4"),
+                  numpy_helper.from_array(np.ones((N * nb,), np.float32), f"{prefix}.weight_scales"),
+                  numpy_helper.from_array(np.full((N * ((nb + 1) // 2),), 0x88, np.uint8), f"{prefix}.weight_zp")]
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{prefix}.weight_Q4", f"{prefix}.weight_scales", f"{prefix}.weight_zp"], [f"{prefix}/output_0"], name=prefix, domain="com.microsoft", K=K, N=N, bits=bits, block_size=block, accuracy_level=4))
+        x = f"{prefix}/output_0"
+    if quantize_lm_head:
+        nb = (H + block - 1) // block
+        inits += [numpy_helper.from_array(np.zeros((d.vocab, nb, block // 2), np.uint8), "lm_head.MatMul.weight_Q4"),
+                  numpy_helper.from_array(np.ones((d.vocab * nb,), np.float32), "lm_head.MatMul.weight_scales")]
+        nodes.append(helper.make_node("MatMulNBits", [x, "lm_head.MatMul.weight_Q4", "lm_head.MatMul.weight_scales"], ["logits"], name="/lm_head/MatMul", domain="com.microsoft", K=H, N=d.vocab, bits=4, block_size=32))
+    else:
+        inits.append(numpy_helper.from_array(rng.standard_normal((H, min(d.vocab, 512))).astype(np.float32), "lm_head.weight"))
+        nodes.append(helper.make_node("MatMul", [x, "lm_head.weight"], ["logits"], name="/lm_head/MatMul"))
+    graph = helper.make_graph(nodes, "decoder", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)], producer_name="raipack-tests")
+    model.ir_version = 10
+    return model
+
+
+def save_graph(model: onnx.ModelProto, root: Path, graph_name: str, data_name: str) -> None:
+    """Every initializer goes to one external data file, as the OGA builder writes it."""
+    onnx.save_model(model, str(root / graph_name), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=0)
+
+
+# -- configs -----------------------------------------------------------------
+
+def genai_config(profile: dict, d: Dims, lay: Layout, max_length: int | None = None) -> dict:
+    search_defaults = {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0, "max_length": 4096, "min_length": 0,
+                       "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1, "past_present_share_buffer": True, "repetition_penalty": 1.0,
+                       "temperature": 0.6, "top_k": 50, "top_p": 0.9}
+    search = dict(search_defaults, **profile["genai"]["search"])
+    if max_length:
+        search["max_length"] = max_length
+    opts = {}
+    for key, rule in profile["genai"]["options"].items():
+        if rule.get("allowed"):
+            opts[key] = rule["allowed"][-1] if key != "external_data_file" else rule["allowed"][0]
+        elif key == "external_data_file":
+            opts[key] = lay.header
+        elif key in ("hybrid_opt_max_seq_length",):
+            opts[key] = "4096"
+        elif key == "max_length_for_kv_cache":
+            opts[key] = str(search["max_length"])
+        elif key == "custom_ops_library":
+            opts[key] = "onnx_custom_ops.dll"
+        elif key == "hybrid_opt_chunk_context_threshold":
+            opts[key] = "1"
+        elif rule.get("required"):
+            opts[key] = "1"
+    session = {"log_id": "onnxruntime-genai", "provider_options": []}
+    form = profile["genai"]["form"]
+    if form == "session_options":
+        entries = {k: v for k, v in opts.items() if k.startswith(("hybrid_opt", "max_length_for"))}
+        session.update({k: v for k, v in opts.items() if k not in entries})
+        if entries:
+            session["config_entries"] = entries
+    elif form == "provider_options":
+        session["provider_options"] = [{"RyzenAI": opts}]
+    return {
+        "model": {
+            "bos_token_id": 1, "context_length": d.context_length,
+            "decoder": {
+                "session_options": session, "filename": lay.graph, "head_size": d.head_size, "hidden_size": d.hidden,
+                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+                "num_attention_heads": d.heads, "num_hidden_layers": d.layers, "num_key_value_heads": d.kv_heads,
+            },
+            "eos_token_id": [2, 3], "pad_token_id": 2, "type": "llama", "vocab_size": d.vocab,
+        },
+        "search": search,
+    }
+
+
+def model_config(d: Dims, with_quant: bool) -> dict:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": d.hidden, "intermediate_size": d.intermediate,
+           "num_hidden_layers": d.layers, "num_attention_heads": d.heads, "num_key_value_heads": d.kv_heads, "head_dim": d.head_size,
+           "vocab_size": d.vocab, "max_position_embeddings": d.context_length, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    if with_quant:
+        q = json.loads(json.dumps(QUARK_CONFIG))
+        q["global_quant_config"]["weight"]["group_size"] = d.group_size
+        cfg["quantization_config"] = q
+    return cfg
+
+
+def tokenizer_json(n: int) -> dict:
+    specials = ["<unk>", "<s>", "</s>", "<|eot|>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for i in range(len(specials), n):
+        vocab[f"t{i}"] = i
+    return {"version": "1.0", "added_tokens": [{"id": i, "content": t, "special": True, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False} for i, t in enumerate(specials)],
+            "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            "post_processor": None, "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "vocab": vocab, "merges": []}}
+
+
+# -- files -------------------------------------------------------------------
+
+def write_json(path: Path, doc) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+
+
+def write_blob(path: Path, size: int, sparse: bool, seed: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        if sparse:
+            fh.truncate(size)
+        else:
+            fh.write(np.random.default_rng(seed).integers(0, 255, size, dtype=np.uint8).tobytes())
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: bool = False, npu_bytes: int = 4096, data_bytes: int = 0, name: str | None = None, max_length: int | None = None) -> Path:
+    """Write a package that validates clean under `profile_id`; return its folder.
+
+    `root` is the parent; the folder is named like the real packages of the
+    profile unless `name` is given. `data_bytes` grows the graph's external
+    data file to that size (sparse when `sparse`), for size-shaped tests.
+    """
+    profile = get_profile(profile_id)
+    d = d or Dims()
+    pkg = Path(root) / (name or folder_name(profile))
+    pkg.mkdir(parents=True, exist_ok=True)
+    lay = layout_for(profile)
+    if profile["id"] in ("hf-source", "quark-export"):
+        write_safetensors(pkg / "model.safetensors", {"lm_head.weight": np.zeros((4, 4), np.float32)})
+    else:
+        save_graph(make_graph(d), pkg, lay.graph, lay.data)
+    if data_bytes:
+        with open(pkg / lay.data, "r+b") as fh:
+            fh.truncate(max(data_bytes, os.path.getsize(pkg / lay.data)))
+    if profile["genai"]["form"] != "builder" or profile["id"] == "oga-export":
+        write_json(pkg / "genai_config.json", genai_config(profile, d, lay, max_length))
+    write_json(pkg / "config.json", model_config(d, profile["quantization"]["config_json"] == "quark" or profile["target"] != "intermediate"))
+    write_json(pkg / "tokenizer.json", tokenizer_json(d.tokenizer_vocab or min(d.vocab, 320)))
+    write_json(pkg / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": d.context_length, "tokenizer_class": "PreTrainedTokenizerFast"})
+    write_json(pkg / "generation_config.json", {"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6, "top_p": 0.9})
+    if profile["target"] != "intermediate":
+        write_json(pkg / "rai_config.json", {"max_prompt_length": {v: min(n, 4096) for v, n in profile["max_prompt_length"].items()}})
+    for extra in lay.extra:
+        (pkg / extra).write_text("What is the capital of France?\n")
+    if lay.header:
+        write_blob(pkg / weights_sibling(lay.header), npu_bytes, sparse, 1)
+        write_blob(pkg / lay.header, 256, False, 2)
+    if lay.cache:
+        _cache(pkg / lay.cache, d, sparse)
+    if profile["metastate"]["required"] or profile["metastate"]["siblings"]:
+        _metastate(pkg, profile, d, max_length)
+    if profile["target"] == "reference":
+        (pkg / "README.md").write_text("# test package\n\nWritten by raipack's test factory.\n")
+        write_manifest(pkg, kind="package")
+    return pkg
+
+
+def _cache(folder: Path, d: Dims, sparse: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(d.layers):
+        node = f"MatMulNBits_{i}_0"
+        consts = {}
+        for t in ("wts", "scales"):
+            fname = f"{node}_{t}.const"
+            size = 1024 if t == "wts" else 256
+            write_blob(folder / fname, size, sparse, i)
+            consts[t] = {"file_name": fname, "file_size": size}
+        write_json(folder / f"{node}_meta.json", {
+            "dd_meta_major_version": 1, "dd_meta_minor_version": 4,
+            "op_list": [{"name": node, "type": "MladfMatMul", "attrs": {"bits": 4, "block_size": d.group_size, "K": d.hidden, "N": d.hidden, "total_seq_len": 4096}}],
+            "tensor_map": consts, "state_table_updates": []})
+
+
+def _metastate(pkg: Path, profile: dict, d: Dims, max_length: int | None) -> None:
+    spec = profile["metastate"]
+    exts = spec["siblings"] or ["state"]
+    if spec.get("tiered"):
+        ml = max_length or profile["genai"]["search"].get("max_length", 4096)
+        for phase, key in (("Prefill", "prefill"), ("Token", "token")):
+            for tier in profile["buckets"][key]:
+                if tier <= ml:
+                    for ext in exts:
+                        write_json(pkg / f"dd_metastate_Llm_{phase}_decoder_{tier}.{ext}", {"tier": tier, "phase": phase})
+        return
+    for phase in ("Prefill", "Token"):
+        for i in range(d.layers):
+            for ext in exts:
+                write_blob(pkg / f"dd_metastate_Llm_{phase}_MatMulNBits_{i}_0.{ext}", 64, False, i)
+
+
+def write_manifest(pkg: Path, kind: str = "package", complete: bool = True) -> None:
+    files = []
+    for path in sorted(p for p in pkg.rglob("*") if p.is_file() and p.name != "manifest.json"):
+        rel = path.relative_to(pkg).as_posix()
+        from pipeline.package import role_of
+
+        files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256(path), "role": role_of(rel)})
+    write_json(pkg / "manifest.json", {
+        "format": "raipack-manifest", "format_version": 1, "generator": {"name": "raipack", "version": "0.1.0"}, "kind": kind,
+        "stage": None, "created": "2026-12-01T00:00:00Z", "files": files, "tools": {"raipack": "0.1.0"}, "complete": complete})
+
+
+def write_safetensors(path: Path, tensors: dict) -> None:
+    """A real safetensors file (header length, JSON header, raw little-endian data)."""
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": {"float32": "F32", "int32": "I32"}[str(arr.dtype)], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def lfs_pointer_text(data_size: int, oid: str = "a" * 64) -> str:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {data_size}\n"

@@ -1,0 +1,210 @@
+"""Every check fails on a package broken its way and passes on a clean one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from factory import Dims, lfs_pointer_text, make_graph, save_graph, write_manifest
+from helpers import edit_json, ryzen
+from pipeline.checks import load_all
+from pipeline.profile import all_profiles
+from pipeline.validate import validate
+
+P16, P4, P16_OLD = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.6-npu"
+GENAI = "genai_config.json"
+
+
+@pytest.mark.parametrize("profile_id", sorted(all_profiles()))
+def test_generated_package_is_clean_and_detected(make_pkg, profile_id):
+    pkg = make_pkg(profile_id)
+    result = validate(pkg)
+    assert result.profile == profile_id, result.profile_reason
+    assert [f for f in result.findings if f.severity in ("error", "warning")] == []
+    assert set(result.checks_run) == {c for c, s in load_all().items() if not s.needs}
+
+
+def _rm(rel):
+    def mutate(pkg):
+        target = pkg / rel
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    return mutate
+
+
+def _write(rel, data: bytes):
+    def mutate(pkg):
+        (pkg / rel).write_bytes(data)
+    return mutate
+
+
+def _json(rel, fn):
+    return lambda pkg: edit_json(pkg / rel, fn)
+
+
+def _opt(key, value):
+    def fn(doc):
+        if value is None:
+            ryzen(doc).pop(key)
+        else:
+            ryzen(doc)[key] = value
+    return _json(GENAI, fn)
+
+
+def _weight(key, value):
+    return _json("config.json", lambda d: d["quantization_config"]["global_quant_config"]["weight"].__setitem__(key, value))
+
+
+def _graph(**kw):
+    def mutate(pkg):
+        (pkg / "model.onnx.data").unlink()
+        save_graph(make_graph(Dims(), **kw), pkg, "model.onnx", "model.onnx.data")
+    return mutate
+
+
+def _symlink(target, name="evil.txt"):
+    return lambda pkg: os.symlink(target, pkg / name)
+
+
+def _loop(pkg):
+    os.symlink(pkg / "b", pkg / "a")
+    os.symlink(pkg / "a", pkg / "b")
+
+
+def _truncate(rel, size):
+    def mutate(pkg):
+        with open(pkg / rel, "r+b") as fh:
+            fh.truncate(size)
+    return mutate
+
+
+def _flip_byte(rel):
+    def mutate(pkg):
+        with open(pkg / rel, "r+b") as fh:
+            first = fh.read(1)
+            fh.seek(0)
+            fh.write(bytes([first[0] ^ 0xFF]))
+    return mutate
+
+
+PICKLE = b"\x80\x04\x95" + b"\x00" * 40
+CASES = [
+    # id, profile, mutation, check expected, severity, path fragment
+    ("symlink-outside", P16, _symlink("/etc/hostname"), "RP101", "error", "evil.txt"),
+    ("symlink-loop", P16, _loop, "RP101", "error", "a"),
+    ("fifo", P16, lambda p: os.mkfifo(p / "pipe"), "RP101", "error", "pipe"),
+    ("lfs-pointer", P16, _write("model.bin", lfs_pointer_text(4096).encode()), "RP102", "error", "model.bin"),
+    ("empty-weights", P16, _write("model.bin", b""), "RP103", "error", "model.bin"),
+    ("path-escape", P16, _json(GENAI, lambda d: d["model"]["decoder"].__setitem__("filename", "../model.onnx")), "RP104", "error", GENAI),
+    ("pickle", P16, _write("pytorch_model.bin", PICKLE), "RP105", "warning", "pytorch_model.bin"),
+    ("pickle-named-bin", P16, _write("weights.bin", PICKLE), "RP105", "warning", "weights.bin"),
+    ("code", P16, _write("modeling_evil.py", b"open('/tmp/pwned','w')\n"), "RP106", "warning", "modeling_evil.py"),
+    ("missing-header", P16, _rm("model.pb.bin"), "RP107", "error", "model.pb.bin"),
+    ("missing-tokenizer", P16, _rm("tokenizer.json"), "RP107", "error", "tokenizer.json"),
+    ("truncated-json", P16, _truncate(GENAI, 100), "RP201", "error", GENAI),
+    ("non-utf8-json", P16, _write("config.json", b'{"a": "\xff\xfe"}'), "RP201", "error", "config.json"),
+    ("nan-json", P16, _write("rai_config.json", b'{"max_prompt_length": {"1.8.0": NaN}}'), "RP201", "error", "rai_config.json"),
+    ("json-is-folder", P16, lambda p: ((p / "rai_config.json").unlink(), (p / "rai_config.json").mkdir()), "RP201", "error", "rai_config.json"),
+    ("schema-type", P16, _json(GENAI, lambda d: d["search"].__setitem__("max_length", "16384")), "RP202", "error", GENAI),
+    ("group-64", P16, _weight("group_size", 64), "RP301", "error", "config.json"),
+    ("symmetric", P16, _weight("symmetric", True), "RP301", "error", "config.json"),
+    ("dtype-int8", P16, _weight("dtype", "int8"), "RP301", "error", "config.json"),
+    ("per-channel", P16, _weight("qscheme", "per_channel"), "RP301", "error", "config.json"),
+    ("pack-order", P16, _json("config.json", lambda d: d["quantization_config"]["export"].__setitem__("pack_method", "order")), "RP301", "error", "config.json"),
+    ("kv-quant", P16, _json("config.json", lambda d: d["quantization_config"].__setitem__("kv_cache_quant_config", {"dtype": "fp8"})), "RP301", "error", "config.json"),
+    ("activations", P16, _json("config.json", lambda d: d["quantization_config"]["global_quant_config"].__setitem__("input_tensors", {"dtype": "int8"})), "RP301", "error", "config.json"),
+    ("not-quark", P16, _json("config.json", lambda d: d["quantization_config"].__setitem__("quant_method", "awq")), "RP301", "error", "config.json"),
+    ("lm-head-quantized", P16, _json("config.json", lambda d: d["quantization_config"].__setitem__("exclude", [])), "RP301", "warning", "config.json"),
+    ("option-int", P16, _opt("hybrid_opt_max_seq_length", 4096), "RP401", "error", GENAI),
+    ("not-power-of-two", P16, _opt("hybrid_opt_max_seq_length", "3000"), "RP402", "error", GENAI),
+    ("backend-cpu", P16, _opt("hybrid_opt_token_backend", "cpu"), "RP403", "error", GENAI),
+    ("header-not-there", P16, _opt("external_data_file", "other.pb.bin"), "RP404", "error", GENAI),
+    ("weights-sibling-missing", P16, _rm("model.bin"), "RP404", "error", "model.bin"),
+    ("no-cache-folder", P16, _rm("cache"), "RP405", "error", "cache"),
+    ("required-option-missing", P16, _opt("hybrid_opt_token_backend", None), "RP406", "error", GENAI),
+    ("option-typo", P16, _opt("hybrid_opt_max_seq_lenght", "4096"), "RP406", "warning", GENAI),
+    ("no-ryzenai-block", P16, _json(GENAI, lambda d: d["model"]["decoder"]["session_options"].__setitem__("provider_options", [])), "RP406", "error", GENAI),
+    ("max-above-context", P16, _json(GENAI, lambda d: d["model"].__setitem__("context_length", 8192)), "RP501", "error", GENAI),
+    ("chunk-above-max", P4, _json(GENAI, lambda d: d["search"].__setitem__("chunk_size", 8192)), "RP501", "error", GENAI),
+    ("kv-buffer-small", P16_OLD, _json(GENAI, lambda d: d["model"]["decoder"]["session_options"]["config_entries"].__setitem__("max_length_for_kv_cache", "2048")), "RP501", "error", GENAI),
+    ("prompt-above-max", P4, _json("rai_config.json", lambda d: d["max_prompt_length"].__setitem__("1.8.0", 8192)), "RP501", "error", "rai_config.json"),
+    ("prompt-above-npu", P4, lambda p: (_opt("hybrid_opt_chunk_context", "0")(p), _opt("hybrid_opt_max_seq_length", "2048")(p)), "RP501", "error", "rai_config.json"),
+    ("prompt-above-sdk", P16, _json("rai_config.json", lambda d: d["max_prompt_length"].__setitem__("1.5.0", 4096)), "RP501", "warning", "rai_config.json"),
+    ("layers-disagree", P16, _json("config.json", lambda d: d.__setitem__("num_hidden_layers", 3)), "RP502", "error", GENAI),
+    ("tokenizer-too-big", P16, _json("config.json", lambda d: d.__setitem__("vocab_size", 100)) , "RP502", "error", ""),
+    ("eos-outside-vocab", P16, _json(GENAI, lambda d: d["model"].__setitem__("eos_token_id", [2, 99999])), "RP503", "error", GENAI),
+    ("pad-outside-vocab", P16, _json("generation_config.json", lambda d: d.__setitem__("pad_token_id", -1)), "RP503", "error", "generation_config.json"),
+    ("metastate-orphan", P16_OLD, _rm("dd_metastate_Llm_Token_MatMulNBits_0_0.state"), "RP601", "error", "dd_metastate_Llm_Token_MatMulNBits_0_0"),
+    ("metastate-sibling", P16_OLD, _rm("dd_metastate_Llm_Token_MatMulNBits_1_0.fconst"), "RP601", "error", "dd_metastate_Llm_Token_MatMulNBits_1_0.fconst"),
+    ("no-metastate", P16, lambda p: [f.unlink() for f in p.glob("dd_metastate_*")], "RP601", "error", "dd_metastate_"),
+    ("tier-missing", "reference-16K", lambda p: (_rm("dd_metastate_Llm_Prefill_decoder_512.state")(p), _rm("dd_metastate_Llm_Prefill_decoder_512.plan")(p), write_manifest(p)), "RP602", "error", "512"),
+    ("tier-extra", "reference-16K", lambda p: (_write("dd_metastate_Llm_Token_decoder_5000.state", b"{}")(p), _write("dd_metastate_Llm_Token_decoder_5000.plan", b"{}")(p), write_manifest(p)), "RP602", "warning", "5000"),
+    ("tier-too-small", "reference-16K", lambda p: (_json(GENAI, lambda d: d["search"].__setitem__("max_length", 20000))(p), _json(GENAI, lambda d: d["model"].__setitem__("context_length", 32768))(p), write_manifest(p)), "RP602", "error", "16384"),
+    ("const-missing", P16, _rm("cache/MatMulNBits_0_0_wts.const"), "RP603", "error", "cache/MatMulNBits_0_0_meta.json"),
+    ("const-size", P16, _write("cache/MatMulNBits_1_0_wts.const", b"short"), "RP603", "error", "cache/MatMulNBits_1_0_wts.const"),
+    ("graph-garbage", P16, _write("model.onnx", b"\x08\x07garbage" * 10), "RP701", "error", "model.onnx"),
+    ("data-truncated", P16, _truncate("model.onnx.data", 100), "RP702", "error", "model.onnx"),
+    ("data-missing", P16, _rm("model.onnx.data"), "RP702", "error", "model.onnx"),
+    ("kv-heads", P16, _json(GENAI, lambda d: d["model"]["decoder"].__setitem__("num_key_value_heads", 4)), "RP703", "error", "model.onnx"),
+    ("input-renamed", P16, _json(GENAI, lambda d: d["model"]["decoder"]["inputs"].__setitem__("input_ids", "ids")), "RP703", "error", "model.onnx"),
+    ("head-size", P16, _json(GENAI, lambda d: d["model"]["decoder"].__setitem__("head_size", 64)), "RP703", "error", "model.onnx"),
+    ("block-32", P16, _graph(block_size=32), "RP704", "error", "model.onnx"),
+    ("lm-head-requantized", P16, _graph(quantize_lm_head=True), "RP704", "error", "model.onnx"),
+    ("manifest-size", "reference-4K", _write("README.md", b"changed after the build\n"), "RP801", "error", "README.md"),
+    ("manifest-incomplete", "reference-4K", lambda p: write_manifest(p, complete=False), "RP801", "error", "manifest.json"),
+    ("manifest-extra-file", "reference-4K", _write("notes.txt", b"hi"), "RP801", "warning", "notes.txt"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_check_catches(make_pkg, case):
+    _name, profile_id, mutate, check_id, severity, path = case
+    pkg = make_pkg(profile_id)
+    mutate(pkg)
+    result = validate(pkg, profile_id)
+    hits = [f for f in result.findings if f.check_id == check_id and f.severity == severity and path in f.path]
+    assert hits, f"expected {check_id} {severity} on {path!r}; got {[(f.check_id, f.severity, f.path, f.message) for f in result.findings]}"
+    assert all(f.message and f.hint for f in hits)
+    assert result.failed() == (severity == "error" or any(f.severity == "error" for f in result.findings))
+
+
+def test_every_check_has_a_failing_case():
+    covered = {c[3] for c in CASES} | {"RP802"}  # RP802 is tested in test_hashes.py
+    assert covered >= set(load_all()), sorted(set(load_all()) - covered)
+
+
+def test_verify_hashes_catches_a_flipped_byte(make_pkg):
+    pkg = make_pkg("reference-4K")
+    assert validate(pkg, verify_hashes=True).findings == []
+    _flip_byte("model.bin")(pkg)
+    result = validate(pkg, verify_hashes=True)
+    assert [(f.check_id, f.path) for f in result.findings if f.severity == "error"] == [("RP802", "model.bin")]
+
+
+def test_verify_hashes_without_records_says_so(make_pkg):
+    result = validate(make_pkg(P16), verify_hashes=True)
+    assert [(f.check_id, f.severity) for f in result.findings] == [("RP802", "info")]
+
+
+def test_old_quark_shape_with_lm_head_group_is_accepted(make_pkg):
+    pkg = make_pkg(P16)
+
+    def old(d):
+        q = d["quantization_config"]
+        q["algo_config"] = q["algo_config"][0]
+        q["exclude"] = []
+        q["layer_quant_config"] = {"lm_head": {"weight": dict(q["global_quant_config"]["weight"], group_size=32)}}
+        q["global_quant_config"]["weight"]["ch_axis"] = 1
+        del q["version"]
+
+    edit_json(pkg / "config.json", old)
+    result = validate(pkg)
+    assert [f for f in result.findings if f.check_id in ("RP202", "RP301")] == []
+
+
+def test_empty_config_json_is_accepted_where_the_profile_allows(make_pkg):
+    pkg = make_pkg(P16)
+    (pkg / "config.json").write_text("{}")
+    result = validate(pkg)
+    assert [f for f in result.findings if f.severity == "error"] == []

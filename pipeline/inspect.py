@@ -47,7 +47,7 @@ def summary(path: Path, profile: str = "auto") -> dict:
         "dims": {dim: {label: v for label, (v, _, _) in src.items()} for dim, src in dims(ctx).items()},
         "buckets": {
             "metastate_sets": len(metastate_sets(pkg)),
-            "tiers_in_files": {phase: sorted({t for ts in nodes.values() for t in ts}) for phase, nodes in tiers_present(pkg).items()},
+            "tiers_in_files": {phase: sorted({t for ts in nodes.values() for t in ts}) for phase, nodes in tiers_present(pkg).items()} if prof["metastate"].get("tiered") else {},
             "profile_tiers": prof["buckets"],
         },
         "runs_on": _runs_on(prof, opts),

@@ -150,7 +150,7 @@ _TYPE = {
     "integer": ("an integer", "integers"),
     "number": ("a number", "numbers"),
     "string": ("a string", "strings"),
-    "boolean": ("true or false", "booleans"),
+    "boolean": ("a boolean (true or false)", "booleans"),
     "object": ("an object", "objects"),
     "array": ("an array", "arrays"),
     "null": ("null", "nulls"),
@@ -262,7 +262,7 @@ def _explain(err):
     if _is_property_name_error(err):
         key_ptr = pointer + pointer_of([value])
         what = expected or _phrase(schema)
-        yield key_ptr, f"{label} has the key {_shown(value)}; expected keys that are {what}"
+        yield key_ptr, f"{key_ptr}: the key {_shown(value)} is not allowed; expected {what}"
         return
 
     if kw in ("anyOf", "oneOf"):

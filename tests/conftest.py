@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parent))  # factory, helpers; appended so tests/pipeline never shadows pipeline
 
 from factory import make_package  # noqa: E402
 

@@ -57,7 +57,10 @@ def metastate_complete(ctx):
 
 
 def tiers_present(pkg) -> dict[str, dict[str, set[int]]]:
-    """phase (Prefill/Token) → node → tiers found in tiered file names."""
+    """phase (Prefill/Token) → node → tiers found in tiered file names.
+
+    Only meaningful for tiered layouts: AMD's own names end in `_<n>_<m>`
+    node indices that look like tiers."""
     out: dict[str, dict[str, set[int]]] = {"Prefill": defaultdict(set), "Token": defaultdict(set)}
     for stem in metastate_sets(pkg):
         m = TIERED.match(stem.rsplit("/", 1)[-1])

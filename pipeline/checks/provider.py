@@ -109,6 +109,8 @@ def profile_options(ctx):
             if rule.get("required"):
                 yield ctx.finding(GENAI, f"option {key} is missing; profile {prof['id']} requires it", "add it to the RyzenAI options", "/model/decoder/session_options")
             continue
+        if key == "hybrid_opt_token_backend" and opts[key] not in known()["token_backends"]:
+            continue  # RP403 reports a value the runtime rejects outright
         if rule.get("allowed") and str(opts[key]) not in rule["allowed"]:
             yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; profile {prof['id']} expects {' or '.join(map(repr, rule['allowed']))}", "use the value of the release the package targets", where[key])
     names = known()["options"]

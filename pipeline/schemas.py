@@ -9,7 +9,6 @@ A schema may give a keyword's expectation in plain words with `x-expected`.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from functools import lru_cache
@@ -30,29 +29,13 @@ MAX_SHOWN = 60
 # ---------------------------------------------------------------- loading
 
 
-def _has_schemas(folder) -> bool:
-    try:
-        return any(entry.name.endswith(SUFFIX) for entry in folder.iterdir())
-    except (OSError, TypeError, ValueError):
-        return False
-
-
 @lru_cache(maxsize=None)
 def _folder():
-    """Where the schema files are: the installed package, else the repo."""
+    """Where the schema files are: the installed data package, else the repo."""
     try:
-        folder = resources.files(PACKAGE)
-        if _has_schemas(folder):
-            return folder
-    except (ImportError, OSError, TypeError, ValueError, AttributeError):
-        pass
-    try:  # a namespace package whose path resources.files cannot handle
-        for entry in getattr(importlib.import_module(PACKAGE), "__path__", []):
-            if _has_schemas(Path(entry)):
-                return Path(entry)
-    except (ImportError, OSError, TypeError):
-        pass
-    return REPO_DIR
+        return resources.files(PACKAGE)
+    except ImportError:
+        return REPO_DIR
 
 
 def names() -> list[str]:

@@ -1,0 +1,1 @@
+"""JSON Schemas (draft 2020-12) shipped as package data; see pipeline/schemas.py."""

@@ -20,6 +20,8 @@ def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False,
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist", "give the path of a package folder")
+    if path.is_file() and path.name == "genai_config.json":
+        path = path.parent  # pre-commit passes the changed genai_config.json files
     if not path.is_dir():
         raise UsageError(f"{path} is a file; expected a package folder", f"validate its folder: raipack validate {path.parent}")
     if not os.access(path, os.R_OK | os.X_OK):
@@ -45,4 +47,4 @@ def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_has
     start = time.perf_counter()
     ctx, reason = open_package(path, profile, verify_hashes, jobs)
     findings, ran = run_checks(ctx, select, ignore)
-    return Result(root=str(path), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
+    return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)

@@ -124,6 +124,68 @@ def profiles(profile_id):
         click.echo(f"{prof['id']:16} {prof['title']}")
 
 
+@cli.command()
+@click.argument("model_dir", required=False)
+@click.option("--recipe", type=click.Path(path_type=Path), help="A TOML recipe (see `raipack schemas recipe`); flags override it.")
+@click.option("--profile", help="Target profile, e.g. 1.8.0-npu-16K (default) or 1.8.0-npu-4K.")
+@click.option("--name", help="Model name in the package folder name.")
+@click.option("--output", "-o", help="Folder that receives the package (default: build).")
+@click.option("--until", help="Stop after this stage (source, quantize, export, fuse, smoke).")
+@click.option("--from", "from_", help="Rebuild from this stage on; earlier stages come from the cache.")
+@click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the cache.")
+@click.option("--algorithm", type=click.Choice(["awq", "gptq", "rtn"]), help="Quantization algorithm (default awq).")
+@click.option("--group-size", help="Quantization group size: 128, 64, 32 or auto.")
+@click.option("--num-samples", type=int, help="Calibration samples.")
+@click.option("--seq-len", type=int, help="Calibration sequence length.")
+@click.option("--calib-data", help="Calibration text (.txt) or JSON lines (.jsonl, {\"text\": ...}).")
+@click.option("--backend", type=click.Choice(["auto", "reference", "ryzenai-sdk"]), help="Fuse backend.")
+@click.option("--require-npu", is_flag=True, default=None, help="Fail the smoke stage instead of falling back to the CPU reference runtime.")
+@click.option("--trust-remote-code", is_flag=True, default=None, help="Allow a model that needs its own Python code.")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
+@click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
+def build(model_dir, recipe, profile, name, output, until, from_, force, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log):
+    """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
+    from .build_cli import run_build
+
+    if group_size is not None and group_size != "auto":
+        if not group_size.isdigit():
+            raise UsageError(f"--group-size {group_size!r} is not a number or auto", "use 128, 64, 32 or auto")
+        group_size = int(group_size)
+    overrides = {"model": model_dir, "profile": profile, "name": name, "output": output, "trust_remote_code": trust_remote_code,
+                 "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
+                 "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
+    mode = "json" if json_log else "quiet" if quiet else "auto"
+    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode))
+
+
+@cli.group()
+def cache():
+    """The stage cache ($RAIPACK_CACHE, else the platform's cache folder)."""
+
+
+@cache.command("ls")
+def cache_ls():
+    """List cached stage outputs."""
+    from . import cache as c
+
+    rows = c.entries()
+    click.echo(f"cache: {c.cache_root()}")
+    for r in rows:
+        click.echo(f"{r['stage']:9} {r['key']}  {r['bytes'] / 2**20:9.1f} MiB  {'complete' if r['complete'] else 'incomplete'}  {r['created']}")
+    if not rows:
+        click.echo("(empty)")
+
+
+@cache.command("clear")
+@click.argument("stage", required=False)
+def cache_clear(stage):
+    """Remove cached outputs (of one stage, or all)."""
+    from . import cache as c
+
+    n = c.clear(stage)
+    click.echo(f"removed {n} cached output{'s' if n != 1 else ''} from {c.cache_root()}")
+
+
 def _error(exc: RaipackError):
     click.echo(f"ERROR: {exc}", err=True)
     if exc.hint:

@@ -160,6 +160,16 @@ class Package:
             self._scan_error(rel, f"cannot be read: {exc.strerror or exc}", "check its permissions")
             return None
 
+    def add_virtual_json(self, rel: str, doc) -> None:
+        """Treat `doc` as the content of `rel` without writing it (validating a
+        folder as it will be once its manifest is written); None hides `rel`."""
+        if doc is None:
+            self.files.pop(rel, None)
+            return
+        size = len(json.dumps(doc, indent=2)) + 1
+        self.files[rel] = FileEntry(rel=rel, size=size, role=role_of(rel))
+        self._json[rel] = doc
+
     # -- queries ------------------------------------------------------------
     def by_role(self, *roles: str) -> list[FileEntry]:
         return [f for f in self.files.values() if f.role in roles]

@@ -15,7 +15,7 @@ from .package import Package
 MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
 
 
-def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False, jobs: int | None = None) -> tuple[Context, str]:
+def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None) -> tuple[Context, str]:
     """Scan a folder and pick its profile; raise a user error when it is no package."""
     path = Path(path)
     if not path.exists():
@@ -27,6 +27,8 @@ def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False,
     if not os.access(path, os.R_OK | os.X_OK):
         raise UsageError(f"{path} cannot be read", "check the folder's permissions")
     pkg = Package.scan(path)
+    for rel, doc in (virtual or {}).items():
+        pkg.add_virtual_json(rel, doc)
     if not pkg.by_role(*MODEL_ROLES):
         raise NothingToValidate(
             f"{path} holds no model package (no genai_config.json, config.json, .onnx or weights files)",
@@ -43,8 +45,10 @@ def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False,
     return Context(pkg, prof, verify_hashes=verify_hashes, jobs=jobs), reason
 
 
-def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None) -> Result:
+def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None) -> Result:
+    """Validate a folder; `virtual` maps file names to JSON documents that count
+    as present (the runner checks a staged folder with its future manifest)."""
     start = time.perf_counter()
-    ctx, reason = open_package(path, profile, verify_hashes, jobs)
+    ctx, reason = open_package(path, profile, verify_hashes, jobs, virtual)
     findings, ran = run_checks(ctx, select, ignore)
     return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)

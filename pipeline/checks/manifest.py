@@ -22,7 +22,12 @@ def manifest(ctx):
     """Where a raipack `manifest.json` is present, the build that wrote it
     finished (`complete: true`), every file it lists is present with the
     recorded size, and no file of the package is missing from it. A folder
-    without a complete manifest is an unfinished build."""
+    without a complete manifest, or with raipack's `.raipack-incomplete`
+    marker, is an unfinished build."""
+    from ..manifest import INCOMPLETE
+
+    if INCOMPLETE in ctx.pkg.files:
+        yield ctx.finding(INCOMPLETE, "marks a folder raipack had not finished writing (the build was interrupted)", "run the build again; it picks up after the last complete stage")
     m = ctx.pkg.try_json(MANIFEST)
     if not isinstance(m, dict):
         return
@@ -36,7 +41,7 @@ def manifest(ctx):
         elif isinstance(entry.get("size"), int) and entry["size"] != fe.size:
             yield ctx.finding(rel, f"is {fe.size} bytes; manifest.json records {entry['size']}", "the file was changed or truncated after the build; rebuild or copy it again", f"/files/{i}/size")
     for rel in ctx.pkg.files:
-        if rel not in listed and rel != MANIFEST:
+        if rel not in listed and rel not in (MANIFEST, INCOMPLETE):
             yield ctx.finding(rel, "is not listed in manifest.json", "remove files added after the build, or rebuild", severity="warning")
 
 

@@ -1,0 +1,41 @@
+"""`raipack build`: runs the pipeline and prints the summary a user reads at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import RaipackError
+from .progress import Progress
+from .recipe import load
+from .runner import build
+
+
+def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto") -> int:
+    import click
+
+    progress = Progress(mode)
+    recipe = load(Path(recipe_path) if recipe_path else None, overrides)
+    progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}" + (" (the example model)" if recipe.is_example else f" from {recipe.model}"))
+    try:
+        result = build(recipe, until=until, from_=from_, force=force, progress=progress)
+    except RaipackError:
+        progress.event("build", status="failed")
+        raise
+    rep = result.report()
+    progress.event("build", status="done", package=rep["package"], seconds=rep["seconds"])
+    cached = sum(1 for s in result.stages if s.status == "cached")
+    if result.stages and cached == len(result.stages):
+        progress.line("nothing to do: every stage is cached (use --force to rebuild)")
+    if mode == "json":
+        return 0
+    if result.package:
+        click.echo(f"\npackage   {result.package}")
+        click.echo(f"report    {result.package / 'report.json'}")
+        click.echo(f"validate  raipack validate {result.package}")
+        click.echo(f"run       raipack run {result.package} --prompt \"What is the capital of France?\"")
+    else:
+        last = result.stages[-1] if result.stages else None
+        if last:
+            click.echo(f"\n{last.name} output  {last.path}")
+    click.echo(f"done in {result.seconds:.1f} s")
+    return 0

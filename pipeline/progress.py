@@ -1,0 +1,90 @@
+"""Progress the way users expect: a line per stage, bars for long steps.
+
+Three modes: `rich` (a terminal: bars and colours, honours NO_COLOR), `plain`
+(not a terminal: a line per stage and every 10 % of a step), `json` (JSON
+lines on stderr, for CI logs); `quiet` prints only errors and the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+
+
+class Progress:
+    def __init__(self, mode: str = "auto", stream=None):
+        self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "rich" if getattr(self.stream, "isatty", lambda: False)() else "plain"
+        self.mode = mode
+        self._console = None
+        if mode == "rich":
+            from rich.console import Console
+
+            self._console = Console(file=self.stream)
+
+    # -- events ----------------------------------------------------------
+    def event(self, kind: str, **fields):
+        if self.mode == "json":
+            self.stream.write(json.dumps({"event": kind, "time": round(time.time(), 3), **fields}) + "\n")
+            self.stream.flush()
+
+    def line(self, text: str, style: str = ""):
+        if self.mode == "quiet" or self.mode == "json":
+            return
+        if self._console:
+            self._console.print(text, style=style or None, highlight=False)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def stage(self, name: str, status: str, seconds: float, detail: str = ""):
+        self.event("stage", stage=name, status=status, seconds=round(seconds, 2), detail=detail)
+        mark = {"built": "✔", "cached": "✔", "failed": "✘", "skipped": "·"}.get(status, "•")
+        style = {"failed": "red", "cached": "dim"}.get(status, "")
+        self.line(f"{mark} {name:9} {status:7} {seconds:7.1f} s  {detail}".rstrip(), style)
+
+    @contextmanager
+    def task(self, description: str, total: int | None = None):
+        """Yield `advance(n=1)` for a long step; draws a bar when it can."""
+        start = time.perf_counter()
+        self.event("task", task=description, total=total, state="start")
+        if self.mode == "rich" and total:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+            with Bar(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console, transient=True) as bar:
+                tid = bar.add_task(description, total=total)
+                yield lambda n=1: bar.advance(tid, n)
+        else:
+            done = [0, 0]
+
+            def advance(n=1):
+                done[0] += n
+                if total and self.mode == "plain":
+                    tenth = done[0] * 10 // total
+                    if tenth > done[1]:
+                        done[1] = tenth
+                        self.line(f"  {description}: {done[0]}/{total} ({time.perf_counter() - start:.0f} s)")
+                self.event("task", task=description, done=done[0], total=total)
+
+            yield advance
+        self.event("task", task=description, state="end", seconds=round(time.perf_counter() - start, 2))
+
+    def callback(self, description: str):
+        """A `(what, done, total)` callback for stage code that reports its own steps."""
+        state = {"bars": {}}
+
+        def report(what: str, done: int, total: int):
+            self.event("task", task=f"{description}: {what}", done=done, total=total)
+            if self.mode == "plain" and total and (done == total or done * 10 // total != (done - 1) * 10 // total):
+                self.line(f"  {description}: {what} {done}/{total}")
+            elif self.mode == "rich":
+                key = what
+                if key not in state["bars"] and self._console:
+                    state["bars"][key] = True
+                if done == total:
+                    self.line(f"  {description}: {what} {done}/{total}", "dim")
+
+        return report

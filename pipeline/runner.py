@@ -1,0 +1,280 @@
+"""Run the build stages: inputs checked, stage runs into a staging folder,
+outputs validated, manifest written, folder renamed into place.
+
+Every stage output is a cache entry; killing the process at any moment leaves
+either a complete entry (with its manifest) or a `.staging-*` folder that no
+later run mistakes for output. A rerun picks up after the last complete stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cache, manifest
+from . import profile as profiles
+from . import stage as stages
+from .config import config_dict, parse_config
+from .errors import RaipackError, UsageError
+from .inputs import check_model_dir
+from .output import atomic_write_text
+from .progress import Progress
+from .recipe import Recipe
+
+
+class StageFailed(RaipackError):
+    """A stage ran but its output failed the checks, or it refused its input."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str  # built | cached
+    seconds: float
+    key: str
+    path: str
+    report: dict = field(default_factory=dict)
+
+
+@dataclass
+class BuildResult:
+    recipe: Recipe
+    profile: dict
+    stages: list[StageResult]
+    package: Path | None
+    seconds: float
+    findings: list = field(default_factory=list)
+
+    def report(self) -> dict:
+        return {
+            "format": "raipack-build-report",
+            "format_version": 1,
+            "model": self.recipe.model_name(),
+            "profile": self.profile["id"],
+            "package": str(self.package) if self.package else None,
+            "seconds": round(self.seconds, 2),
+            "stages": [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 2), "cache_key": s.key, "report": s.report} for s in self.stages],
+            "findings": [f.to_dict() for f in self.findings],
+            "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
+        }
+
+
+def package_name(recipe: Recipe, profile: dict) -> str:
+    """AMD's pattern: <model>_rai_<release>_npu_<4K|16K> (from the profile's name pattern)."""
+    patterns = profile["detect"]["name_patterns"]
+    if not patterns:
+        raise UsageError(f"profile {profile['id']} is not a package target", "choose a release profile such as 1.8.0-npu-16K (see `raipack profiles`)")
+    return patterns[0].replace("*", recipe.model_name())
+
+
+def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
+    names = stages.order()
+    for flag, value in (("--until", until), ("--from", from_)):
+        if value is not None and value not in names:
+            raise UsageError(f"{flag} {value!r} is not a stage", f"stages are: {', '.join(names)}")
+    end = names.index(until) + 1 if until else len(names)
+    if from_ and names.index(from_) >= end:
+        raise UsageError(f"--from {from_} comes after --until {until}", "pick a --from stage before the --until stage")
+    return names[:end], from_
+
+
+def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
+          progress: Progress | None = None, cache_root: Path | None = None) -> BuildResult:
+    start = time.perf_counter()
+    progress = progress or Progress("plain")
+    profile = profiles.get(recipe.profile)
+    names, from_ = plan(until, from_)
+    pkg_name = package_name(recipe, profile)
+    out_root = Path(recipe.output)
+    _check_output_location(out_root)
+    outputs: dict[str, Path] = {}
+    reports: dict[str, dict] = {}
+    results: list[StageResult] = []
+    if recipe.model is not None:
+        outputs["source"] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+    forcing = force
+    for name in names:
+        if name == "source" and recipe.model is not None:
+            continue
+        if from_ == name:
+            forcing = True
+        st = stages.get(name)
+        cfg = parse_config(st.config, recipe.stages.get(name), f"[{name}]")
+        missing = [i for i in st.inputs if i not in outputs]
+        if missing:
+            raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
+        digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
+        ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": profile["id"]}, digests, manifest.tool_versions(st.tools))
+        t0 = time.perf_counter()
+        hit = None if forcing else cache.lookup(st.name, ckey, cache_root)
+        if hit is None and from_ and names.index(name) < names.index(from_):
+            raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
+        if hit is not None:
+            path, report = hit, _stored_report(hit)
+            status = "cached"
+        else:
+            path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root)
+            status = "built"
+        outputs[name], reports[name] = path, report
+        res = StageResult(name, status, time.perf_counter() - t0, ckey, str(path), report)
+        results.append(res)
+        progress.stage(name, status, res.seconds, report.get("summary", ""))
+        _link_stage_output(out_root, pkg_name, name, path)
+    package = None
+    findings = []
+    if "fuse" in outputs:
+        package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, progress)
+    return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
+
+
+def _check_output_location(out_root: Path) -> None:
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"output folder {out_root} cannot be created: {exc.strerror or exc}", "choose another --output folder") from None
+    if not os.access(out_root, os.W_OK | os.X_OK):
+        raise UsageError(f"output folder {out_root} is not writable", "choose another --output folder")
+
+
+def _stored_report(path: Path) -> dict:
+    doc = manifest.read(path) or {}
+    return doc.get("report", {})
+
+
+def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root) -> tuple[Path, dict]:
+    final = cache.entry(st.name, ckey, cache_root)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_staging(final.parent)
+    staging = final.parent / f".staging-{ckey}-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, staging, profile, recipe, progress, dict(reports))
+    try:
+        report = st.run(job) or {}
+        manifest.mark_incomplete(staging)  # the stage may have replaced the folder
+        lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
+                   "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
+        doc = manifest.describe(staging, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
+                                lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report})
+        _check_output(st, job, staging, doc)
+        if final.exists():  # an older incomplete entry under the same key
+            shutil.rmtree(final)
+        _commit(staging, final, doc)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final, report
+
+
+def _commit(staging: Path, final: Path, doc: dict) -> None:
+    """Rename the folder into place, then write its manifest: the manifest is the
+    commit, so no folder ever holds a complete manifest before it is in place."""
+    os.rename(staging, final)
+    manifest.put(final, doc)
+    (final / manifest.INCOMPLETE).unlink(missing_ok=True)
+
+
+def _check_output(st, job, folder: Path, doc: dict) -> None:
+    result = _validate_with_manifest(folder, doc, st.output_profile(job))
+    errors = [f for f in result.findings if f.severity == "error"]
+    if errors:
+        f = errors[0]
+        where = f"{f.path}" + (f" [{f.pointer}]" if f.pointer else "")
+        raise StageFailed(f"stage {st.name} wrote an output that fails its checks: {where}: {f.message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""), f.hint)
+
+
+def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
+    """Validate a staged folder as it will be once committed, its manifest
+    included in memory only: a killed run never leaves a manifest behind."""
+    from .validate import validate
+
+    return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
+
+
+def _sweep_staging(folder: Path) -> None:
+    """Remove staging folders whose process is gone (killed builds)."""
+    for item in folder.glob(".staging-*"):
+        pid = item.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(item, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> None:
+    """build/<package>.stages/<stage> points at the stage's cache entry."""
+    links = out_root / f"{pkg_name}.stages"
+    links.mkdir(exist_ok=True)
+    link = links / name
+    tmp = links / f".{name}.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(path, tmp)
+    os.replace(tmp, link)
+
+
+def _assemble(target: Path, fused: Path, reports, recipe, profile, results, start, progress):
+    """Copy the fused package next to its build report, validate, rename into place."""
+    from .validate import validate
+
+    staging = target.parent / f".{target.name}.staging-{os.getpid()}"
+    _sweep_dot(target.parent, f".{target.name}.staging-")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    manifest.mark_incomplete(staging)
+    shutil.copytree(fused, staging, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(manifest.NAME), dirs_exist_ok=True)
+    try:
+        partial = BuildResult(recipe, profile, results, target, time.perf_counter() - start)
+        atomic_write_text(staging / "report.json", json.dumps(partial.report(), indent=2) + "\n")
+        from .model_card import append_build_numbers
+
+        append_build_numbers(staging / "README.md", partial.report())
+        doc = manifest.describe(staging, "package", lineage={"inputs": [{"stage": "fuse", "path": str(fused), "sha256": cache.folder_digest(fused)}],
+                                "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key} for r in results]},
+                                tools=partial.report()["tools"], extra={"target_profile": profile["id"]})
+        result = _validate_with_manifest(staging, doc)
+        errors = [f for f in result.findings if f.severity == "error"]
+        if errors:
+            raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        if target.exists():
+            os.rename(target, old)
+        _commit(staging, target, doc)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target, result.findings
+
+
+def _sweep_dot(folder: Path, prefix: str) -> None:
+    for item in folder.glob(prefix + "*"):
+        pid = item.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(item, ignore_errors=True)
+
+
+def _link_or_copy(src, dst):
+    """Hard links share the cache's bytes; files that get edited are copied instead."""
+    if Path(src).name in ("README.md",):
+        return shutil.copy2(src, dst)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst

@@ -20,6 +20,7 @@ class Progress:
             mode = "rich" if getattr(self.stream, "isatty", lambda: False)() else "plain"
         self.mode = mode
         self._console = None
+        self._bar = None
         if mode == "rich":
             from rich.console import Console
 
@@ -41,6 +42,7 @@ class Progress:
             self.stream.flush()
 
     def stage(self, name: str, status: str, seconds: float, detail: str = ""):
+        self.close_bars()
         self.event("stage", stage=name, status=status, seconds=round(seconds, 2), detail=detail)
         mark = {"built": "✔", "cached": "✔", "failed": "✘", "skipped": "·"}.get(status, "•")
         style = {"failed": "red", "cached": "dim"}.get(status, "")
@@ -73,18 +75,31 @@ class Progress:
         self.event("task", task=description, state="end", seconds=round(time.perf_counter() - start, 2))
 
     def callback(self, description: str):
-        """A `(what, done, total)` callback for stage code that reports its own steps."""
-        state = {"bars": {}}
+        """A `(what, done, total)` callback for stage code that reports its own
+        steps (calibration batches, AWQ layers, files written)."""
+        tasks: dict[str, int] = {}
+        printed: dict[str, int] = {}
 
         def report(what: str, done: int, total: int):
             self.event("task", task=f"{description}: {what}", done=done, total=total)
-            if self.mode == "plain" and total and (done == total or done * 10 // total != (done - 1) * 10 // total):
-                self.line(f"  {description}: {what} {done}/{total}")
-            elif self.mode == "rich":
-                key = what
-                if key not in state["bars"] and self._console:
-                    state["bars"][key] = True
-                if done == total:
-                    self.line(f"  {description}: {what} {done}/{total}", "dim")
+            if self.mode == "rich":
+                if self._bar is None:
+                    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+                    self._bar = Bar(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console, transient=True)
+                    self._bar.start()
+                if what not in tasks:
+                    tasks[what] = self._bar.add_task(f"{description}: {what}", total=total)
+                self._bar.update(tasks[what], completed=done, total=total)
+            elif self.mode == "plain" and total:
+                tenth = done * 10 // total
+                if tenth > printed.get(what, -1):
+                    printed[what] = tenth
+                    self.line(f"  {description}: {what} {done}/{total}")
 
         return report
+
+    def close_bars(self):
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

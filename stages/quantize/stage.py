@@ -1,0 +1,89 @@
+"""The `quantize` stage: AMD Quark AWQ as in AMD's Ryzen AI recipe, then a
+quality record (perplexity of source and quantized model, greedy answer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline.errors import RaipackError, UsageError
+from pipeline.stage import Job, Stage
+
+from .quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
+
+PROMPT = "What is the capital of France?"
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    algorithm: Literal["awq", "gptq", "rtn"] = "awq"
+    group_size: int | str = "auto"  # 128, 64, 32 or "auto" (largest that divides every layer)
+    exclude_layers: list[str] = field(default_factory=lambda: ["lm_head"])
+    calib_data: str | None = None  # .txt or .jsonl; default: the corpus raipack ships
+    num_samples: int = DEFAULT_NUM_SAMPLES
+    seq_len: int = DEFAULT_SEQ_LEN
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["cpu", "cuda"] = "cpu"
+    max_ppl_increase: float | None = None  # fail when quantized/source perplexity - 1 exceeds this
+    quality: bool = True  # measure perplexity and the greedy answer
+
+
+def run(job: Job) -> dict:
+    from pathlib import Path
+
+    from .calibration import CalibrationError, heldout_text, read_texts
+    from .quark_awq import QuantizeError, quantize
+
+    cfg: QuantizeConfig = job.config
+    if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
+        raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
+    src = job.inputs["source"]
+    try:
+        texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
+        report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
+                          calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
+                          progress=job.progress.callback("quantize"))
+    except (QuantizeError, CalibrationError) as exc:
+        raise RaipackError(str(exc), getattr(exc, "hint", "") or "fix the recipe's [quantize] options or the input model") from None
+    for warning in report.get("warnings", []):
+        job.progress.line(f"  warning: {warning}", "yellow")
+    if cfg.quality:
+        report["quality"] = measure(src, job.workdir, heldout_text())
+        ratio = report["quality"]["ppl_increase"]
+        if cfg.max_ppl_increase is not None and ratio > cfg.max_ppl_increase:
+            q = report["quality"]
+            raise RaipackError(f"quantized perplexity {q['ppl_quantized']:.2f} is {ratio:.1%} above the source's {q['ppl_source']:.2f}, more than max_ppl_increase {cfg.max_ppl_increase:.1%}",
+                               "use AWQ with more calibration samples, or relax [quantize].max_ppl_increase")
+    q = report.get("quality", {})
+    report["summary"] = f"{cfg.algorithm} uint4 g{report['group_size']}, {report['layers_quantized']} linears" + (f", ppl {q['ppl_source']:.2f} → {q['ppl_quantized']:.2f}" if q else "")
+    return report
+
+
+def measure(source, quantized, text: str) -> dict:
+    from stages.quality import greedy_answer, load_hf, perplexity
+
+    out = {}
+    for label, folder in (("source", source), ("quantized", quantized)):
+        model, tok = load_hf(folder)
+        out[f"ppl_{label}"] = round(perplexity(model, tok, text), 4)
+        out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT)
+        del model
+    out["ppl_increase"] = round(out["ppl_quantized"] / out["ppl_source"] - 1, 4)
+    out["prompt"] = PROMPT
+    return out
+
+
+def output_profile(job: Job) -> str:
+    return "quark-export"
+
+
+STAGE = Stage(
+    name="quantize",
+    version="1",
+    config=QuantizeConfig,
+    inputs=("source",),
+    output_profile=output_profile,
+    run=run,
+    tools=("amd-quark", "torch", "transformers"),
+    kind="quark",
+)

@@ -19,7 +19,7 @@ def drive(mode):
 
 def test_plain_prints_a_line_per_stage_and_every_tenth_of_a_step():
     text = drive("plain")
-    assert "✔ quantize  built       12.3 s  awq uint4 g64" in text
+    assert "✔ quantize  built      12.3 s  awq uint4 g64" in text
     assert "export    cached" in text
     assert text.count("awq layers") == 11  # 1/30, then each 10 %
 

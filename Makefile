@@ -34,8 +34,11 @@ $(LIGHT)/.installed: pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/raipack build
 
+# The many fast cases in parallel, then the one end-to-end build of the real
+# example model on both cores.
 test: $(STAMP) $(LIGHT)/.installed
-	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -m pytest -n $(JOBS) --durations=15
+	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -m pytest -n $(JOBS) -m "not slow" --durations=10
+	$(PY) -m pytest -m slow --durations=5
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) -m "not slow"

@@ -10,8 +10,16 @@ from .recipe import load
 from .runner import build
 
 
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto") -> int:
+    import os
+
     import click
+
+    os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
 
     progress = Progress(mode)
     recipe = load(Path(recipe_path) if recipe_path else None, overrides)

@@ -1,183 +1,450 @@
-"""Pure functions over an ONNX graph loaded without its weights.
+"""Pure checks of an OGA-shaped ONNX graph read without its weights.
 
-Each returns a list of {"pointer", "message", "hint"[, "severity"]} dicts; an
-empty list means the graph is fine. Used by the validate checks (RP702-RP704)
-and by the export stage's output checks.
+Used by the validate checks RP702-RP704 (any package) and by the export
+stage's output checks (stages/export/contract.py).
+
+Every check returns a list of dicts `{"check_id", "pointer", "message", "hint"}`: `pointer` names the
+tensor, node or input at fault, `message` says in one sentence what was found and what was expected,
+`hint` the next step. An empty list means the check passed. The graph checks take an
+`onnx.ModelProto` loaded with `load_external_data=False` and never read weights; `external_data_refs`
+only calls `os.stat`.
+
+Also here: the small helpers that read a Quark `quantization_config` (which layers it excluded, the
+weight spec of a layer) and map Hugging Face module names to the builder's node names, so the
+export and its checks agree on one reading.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
+import onnx
 from onnx import TensorProto
 
-INT_TYPES = {TensorProto.INT64, TensorProto.INT32}
-FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
-TYPE_NAME = {v: k.lower() for k, v in TensorProto.DataType.items()}
+# --- Quark quantization_config -------------------------------------------------------------------
+
+_GLOB = re.compile(r"[*?\[]")
 
 
-def _item(pointer: str, message: str, hint: str, severity: str | None = None) -> dict:
-    item = {"pointer": pointer, "message": message, "hint": hint}
-    if severity:
-        item["severity"] = severity
-    return item
-
-
-def external_data_refs(model, base_dir: Path, root: Path | None = None) -> list[dict]:
-    """Every external-data initializer points inside `root` at bytes that exist."""
-    base_dir = Path(base_dir)
-    real_root = os.path.realpath(root or base_dir)
-    sizes: dict[str, int | None] = {}
-    out = []
-    for init in model.graph.initializer:
-        if init.data_location != TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in init.external_data}
-        loc = info.get("location", "")
-        norm = loc.replace("\\", "/")
-        if not loc or norm.startswith("/") or ".." in norm.split("/") or (len(norm) > 1 and norm[1] == ":"):
-            out.append(_item(init.name, f"tensor {init.name} stores its data at {loc!r}, a path outside the package", "re-export the model with its external data beside the graph"))
-            continue
-        target = os.path.realpath(base_dir / norm)
-        if os.path.commonpath([real_root, target]) != real_root:
-            out.append(_item(init.name, f"tensor {init.name} stores its data at {loc!r}, which resolves outside the package", "copy the data file into the package"))
-            continue
-        if loc not in sizes:
-            try:
-                sizes[loc] = os.stat(target).st_size
-            except OSError:
-                sizes[loc] = None
-        size = sizes[loc]
-        if size is None:
-            out.append(_item(init.name, f"tensor {init.name} stores its data in {loc}, which is missing", f"copy {loc} into the package"))
-            continue
-        try:
-            offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
-        except ValueError:
-            out.append(_item(init.name, f"tensor {init.name} has a non-numeric offset or length", "re-export the model"))
-            continue
-        if length < 0:
-            length = size - offset
-        if offset < 0 or offset + length > size:
-            out.append(_item(init.name, f"tensor {init.name} needs bytes {offset}..{offset + length} of {loc}, which has only {size} bytes", f"{loc} is truncated or from another export; copy it again"))
-    return out
-
-
-def _dims(vi) -> list:
-    t = vi.type.tensor_type
-    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim] if t.HasField("shape") else []
-
-
-def _names(template: str, layers: int) -> list[str]:
-    return [template % i for i in range(layers)] if "%d" in template else [template]
-
-
-def io_contract(model, genai: dict) -> list[dict]:
-    """The graph's inputs/outputs match what genai_config.json declares."""
-    out = []
-    mdl = genai.get("model") if isinstance(genai.get("model"), dict) else {}
-    dec = mdl.get("decoder") if isinstance(mdl.get("decoder"), dict) else {}
-    ins = dec.get("inputs") if isinstance(dec.get("inputs"), dict) else {}
-    outs = dec.get("outputs") if isinstance(dec.get("outputs"), dict) else {}
-    layers = dec.get("num_hidden_layers")
-    kv_heads, head_size, vocab = dec.get("num_key_value_heads"), dec.get("head_size"), mdl.get("vocab_size")
-    g_in = {vi.name: vi for vi in model.graph.input}
-    g_out = {vi.name: vi for vi in model.graph.output}
-    if not isinstance(layers, int):
-        return out
-
-    def want(table, names, key, where, kind):
-        for name in names:
-            if name not in table:
-                out.append(_item(name, f"the graph has no {kind} {name!r}, which genai_config.json declares at /model/decoder/{where}/{key}", "use the genai_config.json written with this graph, or re-export"))
-
-    for key, kind_types in (("input_ids", INT_TYPES), ("attention_mask", INT_TYPES), ("position_ids", INT_TYPES)):
-        if isinstance(ins.get(key), str):
-            want(g_in, [ins[key]], key, "inputs", "input")
-            vi = g_in.get(ins[key])
-            if vi is not None and vi.type.tensor_type.elem_type not in kind_types:
-                out.append(_item(vi.name, f"input {vi.name} is {TYPE_NAME.get(vi.type.tensor_type.elem_type)}; expected int64 or int32", "re-export the model"))
-    kv = []
-    for key in ("past_key_names", "past_value_names"):
-        if isinstance(ins.get(key), str):
-            names = _names(ins[key], layers)
-            want(g_in, names, key, "inputs", "input")
-            kv += [g_in[n] for n in names if n in g_in]
-            prefix = ins[key].split("%d")[0]
-            extra = [n for n in g_in if n.startswith(prefix) and n not in names and n.endswith(ins[key].split("%d")[-1])]
-            if extra:
-                out.append(_item(extra[0], f"the graph has {len(extra)} more KV-cache inputs than the {layers} layers genai_config.json declares", "num_hidden_layers in genai_config.json must match the graph"))
-    for key in ("present_key_names", "present_value_names"):
-        if isinstance(outs.get(key), str):
-            names = _names(outs[key], layers)
-            want(g_out, names, key, "outputs", "output")
-            kv += [g_out[n] for n in names if n in g_out]
-    if isinstance(outs.get("logits"), str):
-        want(g_out, [outs["logits"]], "logits", "outputs", "output")
-        vi = g_out.get(outs["logits"])
-        if vi is not None:
-            dims = _dims(vi)
-            if dims and isinstance(dims[-1], int) and dims[-1] and isinstance(vocab, int) and dims[-1] != vocab:
-                out.append(_item(vi.name, f"output {vi.name} has {dims[-1]} columns; genai_config.json says vocab_size {vocab}", "use the genai_config.json written with this graph"))
-    types = {vi.type.tensor_type.elem_type for vi in kv}
-    if len(types) > 1:
-        out.append(_item(kv[0].name, f"KV-cache tensors mix element types ({', '.join(sorted(TYPE_NAME.get(t, '?') for t in types))})", "re-export the model"))
-    for vi in kv:
-        dims = _dims(vi)
-        if vi.type.tensor_type.elem_type not in FLOAT_TYPES:
-            out.append(_item(vi.name, f"{vi.name} is {TYPE_NAME.get(vi.type.tensor_type.elem_type)}; expected float, float16 or bfloat16", "re-export the model"))
-        if len(dims) != 4:
-            if dims:
-                out.append(_item(vi.name, f"{vi.name} has {len(dims)} dimensions; expected 4 (batch, kv heads, sequence, head size)", "re-export the model"))
-            continue
-        if isinstance(dims[1], int) and isinstance(kv_heads, int) and dims[1] != kv_heads:
-            out.append(_item(vi.name, f"{vi.name} has {dims[1]} KV heads; genai_config.json says num_key_value_heads {kv_heads}", "use the genai_config.json written with this graph"))
-        if isinstance(dims[3], int) and isinstance(head_size, int) and dims[3] != head_size:
-            out.append(_item(vi.name, f"{vi.name} has head size {dims[3]}; genai_config.json says head_size {head_size}", "use the genai_config.json written with this graph"))
-    return out
-
-
-def _is_excluded(node_name: str, excluded: list[str]) -> bool:
-    flat = node_name.replace("/", ".").strip(".")
-    for ex in excluded:
-        ex = ex.strip("*").strip(".")
-        if ex and (ex in flat or ex.replace(".", "/") in node_name):
+def is_excluded(quant_config: dict, layer: str) -> bool:
+    """True if Quark's `exclude` list (exact names or fnmatch patterns) covers module `layer`."""
+    for pattern in quant_config.get("exclude") or []:
+        if layer == pattern or (_GLOB.search(pattern) and fnmatch.fnmatch(layer, pattern)):
             return True
     return False
 
 
-def matmulnbits_agreement(model, quant_config: dict | None, rules: dict) -> list[dict]:
-    """MatMulNBits nodes carry Quark's bits/group size/zero points; excluded layers stay float."""
-    out = []
-    weight = {}
-    excluded: list[str] = []
-    if isinstance(quant_config, dict):
-        weight = (quant_config.get("global_quant_config") or {}).get("weight") or {}
-        if isinstance(weight, list):
-            weight = weight[0] if weight else {}
-        excluded = [e for e in quant_config.get("exclude") or [] if isinstance(e, str)]
-    group = weight.get("group_size") if isinstance(weight.get("group_size"), int) else rules.get("group_size")
-    bits_want = rules.get("bits", 4)
+def _bits(dtype: str | None) -> int | None:
+    m = re.search(r"(\d+)", dtype or "")
+    return int(m.group(1)) if m else None
+
+
+def layer_weight_spec(quant_config: dict, layer: str) -> dict | None:
+    """Quark's weight spec for module `layer` ("" = the global one): {dtype, bits, group_size, symmetric}.
+
+    None when the layer is excluded or has no weight quantization. `layer_quant_config` entries (exact
+    name, then fnmatch pattern) win over the global config, as in Quark.
+    """
+    if layer and is_excluded(quant_config, layer):
+        return None
+    layer_cfg = quant_config.get("layer_quant_config") or {}
+    chosen = None
+    if layer:
+        chosen = layer_cfg.get(layer)
+        if chosen is None:
+            for pattern, cfg in layer_cfg.items():
+                if fnmatch.fnmatch(layer, pattern):
+                    chosen = cfg
+                    break
+    if chosen is None:
+        chosen = quant_config.get("global_quant_config") or {}
+    weight = (chosen or {}).get("weight")
+    if isinstance(weight, list):  # several specs per tensor (mixed schemes): the first integer one
+        weight = next((w for w in weight if w and _bits(w.get("dtype"))), None)
+    if not weight:
+        return None
     dtype = weight.get("dtype")
-    if isinstance(dtype, str) and dtype[-1:].isdigit():
-        bits_want = int("".join(c for c in dtype if c.isdigit()))
-    symmetric = weight.get("symmetric", rules.get("symmetric"))
-    source = "the Quark quantization_config" if weight else "the profile"
+    symmetric = weight.get("symmetric")
+    if symmetric is None:
+        symmetric = not str(dtype or "").startswith("u")
+    return {
+        "dtype": dtype,
+        "bits": _bits(dtype),
+        "group_size": weight.get("group_size"),
+        "symmetric": bool(symmetric),
+    }
+
+
+# --- names: Hugging Face module <-> builder node ---------------------------------------------------
+
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)$")
+_NODE = re.compile(r"^/model/layers\.(\d+)/(attn|mlp)/(\w+)/[^/]+$")
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def hf_to_node(module: str) -> str | None:
+    """The builder's float MatMul node name for a HF linear module (what `nodes_to_exclude` takes)."""
+    if module == "lm_head":
+        return "/lm_head/MatMul"
+    m = _HF_LAYER.match(module)
+    if not m:
+        return None
+    part = "attn" if m.group(2) == "self_attn" else "mlp"
+    return f"/model/layers.{m.group(1)}/{part}/{m.group(3)}/MatMul"
+
+
+def node_to_hf(node_name: str) -> list[str]:
+    """HF module names behind a builder node (several for a packed qkv_proj / gate_up_proj)."""
+    if node_name.startswith("/lm_head/"):
+        return ["lm_head"]
+    m = _NODE.match(node_name)
+    if not m:
+        return []
+    layer, part, proj = m.groups()
+    prefix = f"model.layers.{layer}.{'self_attn' if part == 'attn' else 'mlp'}."
+    return [prefix + p for p in _FUSED.get(proj, (proj,))] + ([prefix + proj] if proj in _FUSED else [])
+
+
+# --- findings ------------------------------------------------------------------------------------
+
+
+def _f(check_id: str, pointer: str, message: str, hint: str) -> dict:
+    return {"check_id": check_id, "pointer": pointer, "message": message, "hint": hint}
+
+
+_TYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
+
+
+def _tname(dt: int) -> str:
+    return _TYPE_NAMES.get(dt, str(dt)).lower()
+
+
+def _vinfo(v) -> tuple[int, list]:
+    t = v.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim] if t.HasField("shape") else None
+    return t.elem_type, dims
+
+
+_INT_TYPES = {TensorProto.INT64, TensorProto.INT32}
+_KV_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.UINT8, TensorProto.INT8}
+
+
+def io_contract(model: onnx.ModelProto, genai: dict) -> list[dict]:
+    """The graph's inputs and outputs against `model.decoder` of genai_config.json.
+
+    Checks names (every configured name exists; no graph input the runtime would not feed), one
+    past/present key and value per layer, dtypes (integer ids and mask, one float KV dtype shared by
+    past and present), and the KV shape [batch, num_key_value_heads, seq, head_size] where the graph
+    states it, falling back to GroupQueryAttention's attributes for symbolic dims.
+    """
+    out: list[dict] = []
+    try:
+        dec = genai["model"]["decoder"]
+        layers = int(dec["num_hidden_layers"])
+        kv_heads = int(dec["num_key_value_heads"])
+        head_size = int(dec["head_size"])
+        q_heads = int(dec.get("num_attention_heads", 0)) or None
+    except (KeyError, TypeError, ValueError) as err:
+        return [_f("export.io", "genai_config.json#/model/decoder",
+                   f"genai_config.json model.decoder lacks a usable {err} field",
+                   "re-run the export; the builder writes num_hidden_layers, num_key_value_heads and head_size")]
+    cfg_in, cfg_out = dec.get("inputs") or {}, dec.get("outputs") or {}
+    g_in = {v.name: _vinfo(v) for v in model.graph.input}
+    g_out = {v.name: _vinfo(v) for v in model.graph.output}
+    init_names = {t.name for t in model.graph.initializer}
+    hint_names = "rename the graph tensor or the genai_config.json entry so both agree (re-export is simplest)"
+
+    expected_in: set[str] = set()
+    for key, name in cfg_in.items():
+        if not isinstance(name, str) or "%d" in name:
+            continue
+        expected_in.add(name)
+        if name not in g_in:
+            out.append(_f("export.io", name,
+                          f"genai_config.json inputs.{key} names graph input '{name}', but the graph has no such input "
+                          f"(it has {sorted(n for n in g_in if n not in init_names)[:6]})", hint_names))
+    for key, name in cfg_out.items():
+        if isinstance(name, str) and "%d" not in name and name not in g_out:
+            out.append(_f("export.io", name,
+                          f"genai_config.json outputs.{key} names graph output '{name}', but the graph has no such output",
+                          hint_names))
+
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        name = cfg_in.get(key)
+        if name in g_in and g_in[name][0] not in _INT_TYPES:
+            out.append(_f("export.io", name, f"graph input '{name}' is {_tname(g_in[name][0])}, expected int64 or int32",
+                          "re-export with the model builder; OGA feeds integer ids and masks"))
+    if "input_ids" not in cfg_in and "inputs_embeds" not in cfg_in:
+        out.append(_f("export.io", "genai_config.json#/model/decoder/inputs",
+                      "genai_config.json model.decoder.inputs declares neither input_ids nor inputs_embeds",
+                      "re-export; the builder declares input_ids"))
+
+    pk, pv = cfg_in.get("past_key_names"), cfg_in.get("past_value_names")
+    ok, ov = cfg_out.get("present_key_names"), cfg_out.get("present_value_names")
+    patterns = [(p, src) for p, src in ((pk, g_in), (pv, g_in), (ok, g_out), (ov, g_out))]
+    if not all(isinstance(p, str) and "%d" in p for p, _ in patterns):
+        out.append(_f("export.io", "genai_config.json#/model/decoder",
+                      "genai_config.json lacks past_key_names/past_value_names/present_key_names/present_value_names with a %d",
+                      "re-export; the builder writes 'past_key_values.%d.key' and 'present.%d.key' style names"))
+        return out
+
+    kv_dtypes: dict[str, int] = {}
+    for pattern, src in patterns:
+        kind = "input" if src is g_in else "output"
+        rx = re.compile("^" + re.escape(pattern).replace("%d", r"(\d+)") + "$")
+        found = {int(m.group(1)) for n in src if (m := rx.match(n))}
+        for i in range(layers):
+            name = pattern % i
+            if kind == "input":
+                expected_in.add(name)
+            if i not in found:
+                out.append(_f("export.io", name,
+                              f"graph {kind} '{name}' for layer {i} is missing; genai_config.json declares "
+                              f"{layers} layers, each with a {pattern.split('.')[0]} key and value",
+                              "re-export, or fix num_hidden_layers / the name pattern in genai_config.json"))
+                continue
+            dt, dims = src[name]
+            kv_dtypes[name] = dt
+            if dt not in _KV_TYPES:
+                out.append(_f("export.io", name, f"{kind} '{name}' is {_tname(dt)}, expected a float KV cache dtype",
+                              "re-export with the model builder"))
+            if dims is not None and len(dims) != 4:
+                out.append(_f("export.io", name, f"{kind} '{name}' has rank {len(dims)}, expected 4 "
+                              "[batch, kv_heads, sequence, head_size]", "re-export with the model builder"))
+            elif dims is not None:
+                if isinstance(dims[1], int) and dims[1] != kv_heads:
+                    out.append(_f("export.io", name,
+                                  f"{kind} '{name}' has {dims[1]} KV heads (dim 1), genai_config.json says "
+                                  f"num_key_value_heads={kv_heads}",
+                                  "fix num_key_value_heads in genai_config.json or re-export"))
+                if isinstance(dims[3], int) and dims[3] != head_size:
+                    out.append(_f("export.io", name,
+                                  f"{kind} '{name}' has head size {dims[3]} (dim 3), genai_config.json says head_size={head_size}",
+                                  "fix head_size in genai_config.json or re-export"))
+        extra = sorted(i for i in found if i >= layers)
+        if extra:
+            out.append(_f("export.io", pattern % extra[0],
+                          f"graph has {kind}s for layers {extra[:5]} beyond num_hidden_layers={layers} in genai_config.json",
+                          "fix num_hidden_layers in genai_config.json or re-export"))
+    pair_mismatch = False
+    for i in range(layers):
+        for p_name, o_name in ((pk % i, ok % i), (pv % i, ov % i)):
+            if p_name in kv_dtypes and o_name in kv_dtypes and kv_dtypes[p_name] != kv_dtypes[o_name]:
+                pair_mismatch = True
+                out.append(_f("export.io", o_name,
+                              f"'{o_name}' is {_tname(kv_dtypes[o_name])} but '{p_name}' is {_tname(kv_dtypes[p_name])}; "
+                              "present must feed back as past unchanged", "re-export with the model builder"))
+    if len(set(kv_dtypes.values())) > 1 and not pair_mismatch:
+        out.append(_f("export.io", next(iter(kv_dtypes)),
+                      f"KV cache tensors use several dtypes {sorted({_tname(d) for d in kv_dtypes.values()})}, expected one",
+                      "re-export with the model builder"))
+
+    for name in g_in:
+        if name not in expected_in and name not in init_names:
+            out.append(_f("export.io", name,
+                          f"graph input '{name}' is not declared in genai_config.json, so the runtime would not feed it",
+                          "declare it under model.decoder.inputs or re-export"))
+
+    logits = cfg_out.get("logits", "logits")
+    vocab = genai.get("model", {}).get("vocab_size")
+    if logits in g_out and vocab:
+        dims = g_out[logits][1]
+        if dims and isinstance(dims[-1], int) and dims[-1] != int(vocab):
+            out.append(_f("export.io", logits, f"output '{logits}' has {dims[-1]} classes, genai_config.json says vocab_size={vocab}",
+                          "fix vocab_size in genai_config.json or re-export"))
+
+    out.extend(_attention_heads(model, kv_heads, q_heads, head_size))
+    return out
+
+
+def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) -> list[dict]:
+    out = []
+    producers = {o: n for n in model.graph.node for o in n.output}
     for node in model.graph.node:
-        if node.op_type == "GatherBlockQuantized" and _is_excluded("lm_head", excluded):
-            out.append(_item(node.name, f"node {node.name} reads a block-quantized embedding shared with lm_head, which Quark excluded from quantization", "export with nodes_to_exclude=/lm_head/MatMul,/model/embed_tokens/Gather (raipack's export stage does)"))
-        if node.op_type != "MatMulNBits":
+        if node.op_type not in ("GroupQueryAttention", "MultiHeadAttention", "PagedAttention"):
             continue
-        attrs = {a.name: a.i for a in node.attribute}
-        if _is_excluded(node.name, excluded):
-            out.append(_item(node.name, f"node {node.name} is quantized ({attrs.get('bits')}-bit, block {attrs.get('block_size')}) but Quark excluded that layer", "export with the builder's nodes_to_exclude for excluded layers (raipack's export stage does)"))
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        kv = attrs.get("kv_num_heads", attrs.get("num_heads"))
+        if kv is not None and int(kv) != kv_heads:
+            out.append(_f("export.io", node.name,
+                          f"{node.op_type} '{node.name}' has kv_num_heads={kv}, genai_config.json says num_key_value_heads={kv_heads}",
+                          "fix num_key_value_heads in genai_config.json or re-export"))
+        nh = attrs.get("num_heads")
+        if q_heads and nh is not None and int(nh) != q_heads:
+            out.append(_f("export.io", node.name,
+                          f"{node.op_type} '{node.name}' has num_heads={nh}, genai_config.json says num_attention_heads={q_heads}",
+                          "fix num_attention_heads in genai_config.json or re-export"))
+        # Head size: the projection feeding the query input packs (q + 2 kv) heads when K/V inputs are empty.
+        src = producers.get(node.input[0]) if node.input else None
+        if src is not None and src.op_type == "MatMulNBits" and nh is not None and kv is not None:
+            n = {a.name: onnx.helper.get_attribute_value(a) for a in src.attribute}.get("N")
+            packed = len(node.input) < 3 or (not node.input[1] and not node.input[2])
+            heads = int(nh) + 2 * int(kv) if packed else int(nh)
+            if n and int(n) != heads * head_size:
+                out.append(_f("export.io", node.name,
+                              f"'{src.name}' feeds {node.op_type} with N={n} = {heads} heads x {int(n) / heads:g}, "
+                              f"genai_config.json says head_size={head_size}",
+                              "fix head_size in genai_config.json or re-export"))
+    return out
+
+
+# --- MatMulNBits against Quark -------------------------------------------------------------------
+
+
+def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rules: dict | None = None) -> list[dict]:
+    """Each MatMulNBits must carry Quark's bits, group size and zero points; no layer Quark excluded
+    (and no embedding, which Quark never quantizes) may be quantized; no layer Quark quantized may
+    have become a float MatMul. Without a Quark config (AMD packages ship config.json = {}), only
+    bits and block size are checked against the profile's `rules`."""
+    if not quant_config:
+        return _against_profile(model, rules or {})
+    out: list[dict] = []
+    inits = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        layers = node_to_hf(node.name)
+        if node.op_type == "MatMulNBits":
+            excluded = [l for l in layers if is_excluded(quant_config, l)]
+            if excluded:
+                out.append(_f("export.quant", node.name,
+                              f"'{node.name}' is a {attrs.get('bits')}-bit MatMulNBits (block {attrs.get('block_size')}) "
+                              f"but Quark excluded {excluded[0]} and kept it float",
+                              "export with keep_excluded_float (the builder's nodes_to_exclude) so the layer stays float"))
+                continue
+            specs = [s for s in (layer_weight_spec(quant_config, l) for l in layers) if s] if layers else []
+            spec = specs[0] if specs else layer_weight_spec(quant_config, "")
+            if spec is None:
+                continue
+            bits, block = attrs.get("bits"), attrs.get("block_size")
+            if spec["bits"] and bits != spec["bits"]:
+                out.append(_f("export.quant", node.name,
+                              f"'{node.name}' has bits={bits}, Quark quantized it to {spec['dtype']} ({spec['bits']} bits)",
+                              "re-export from the Quark folder; do not re-quantize its weights"))
+            if spec["group_size"] and block != spec["group_size"]:
+                out.append(_f("export.quant", node.name,
+                              f"'{node.name}' has block_size={block}, Quark used group_size={spec['group_size']}",
+                              "re-export from the Quark folder; a different block size means the builder re-quantized it"))
+            has_zp = len(node.input) > 3 and bool(node.input[3])
+            if spec["symmetric"] is False and not has_zp:
+                out.append(_f("export.quant", node.name,
+                              f"'{node.name}' has no zero points, but Quark quantized it asymmetrically ({spec['dtype']})",
+                              "re-export from the Quark folder; the builder's own symmetric quantization dropped Quark's zero points"))
+            elif spec["symmetric"] is True and has_zp and str(spec["dtype"]).startswith("int"):
+                out.append(_f("export.quant", node.name,
+                              f"'{node.name}' carries zero points, but Quark quantized it symmetrically ({spec['dtype']})",
+                              "re-export from the Quark folder"))
+        elif node.op_type == "GatherBlockQuantized":
+            out.append(_f("export.quant", node.name,
+                          f"'{node.name}' gathers a {attrs.get('bits')}-bit block-{attrs.get('block_size')} embedding, "
+                          "but Quark kept the token embedding float",
+                          "export with keep_excluded_float so /model/embed_tokens/Gather and a tied lm_head stay float"))
+        elif node.op_type == "MatMul" and layers and len(node.input) > 1 and node.input[1] in inits:
+            quantized = [l for l in layers if layer_weight_spec(quant_config, l)]
+            if quantized and not any(is_excluded(quant_config, l) for l in layers):
+                out.append(_f("export.quant", node.name,
+                              f"'{node.name}' is a float MatMul, but Quark quantized {quantized[0]}",
+                              "re-export from the Quark folder; the builder did not pick up its quantized weights"))
+    return out
+
+
+# --- external data -------------------------------------------------------------------------------
+
+_NIBBLE = {getattr(TensorProto, n) for n in ("UINT4", "INT4", "FLOAT4E2M1") if hasattr(TensorProto, n)}
+
+
+def _nbytes(t: TensorProto) -> int | None:
+    count = 1
+    for d in t.dims:
+        count *= d
+    if t.data_type in _NIBBLE:
+        return (count + 1) // 2
+    try:
+        return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:
+        return None
+
+
+def _external_tensors(model: onnx.ModelProto):
+    for t in model.graph.initializer:
+        yield t
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+
+
+def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[dict]:
+    """Every external-data tensor points inside `root` (default: `base_dir`, the
+    graph's folder) at a byte range that exists (stat only)."""
+    out: list[dict] = []
+    graph_dir = Path(base_dir).resolve()
+    base = Path(root).resolve() if root is not None else graph_dir
+    sizes: dict[str, int | None] = {}
+    for t in _external_tensors(model):
+        if t.data_location != TensorProto.EXTERNAL:
             continue
-        if attrs.get("bits") != bits_want:
-            out.append(_item(node.name, f"node {node.name} has bits={attrs.get('bits')}; {source} says {bits_want}", "re-export from the Quark checkpoint without re-quantizing"))
-        if group and attrs.get("block_size") != group:
-            out.append(_item(node.name, f"node {node.name} has block_size={attrs.get('block_size')}; {source} says group size {group}", "re-export from the Quark checkpoint without re-quantizing"))
-        has_zp = len(node.input) > 3 and node.input[3] != ""
-        if symmetric is False and not has_zp:
-            out.append(_item(node.name, f"node {node.name} has no zero points but {source} is asymmetric", "re-export from the Quark checkpoint; the zero points were dropped"))
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if not loc:
+            out.append(_f("export.external_data", t.name, f"tensor '{t.name}' is stored externally but names no location",
+                          "re-export; the builder writes location=model.onnx.data"))
+            continue
+        p = PurePosixPath(loc.replace("\\", "/"))
+        if p.is_absolute() or re.match(r"^[A-Za-z]:", loc) or ".." in p.parts:
+            out.append(_f("export.external_data", t.name,
+                          f"tensor '{t.name}' points at '{loc}', outside the model folder; expected a relative path inside it",
+                          "re-save the model with its external data beside model.onnx"))
+            continue
+        path = (graph_dir / Path(*p.parts)).resolve()
+        if base != path and base not in path.parents:
+            out.append(_f("export.external_data", t.name,
+                          f"tensor '{t.name}' points at '{loc}', which resolves outside the model folder",
+                          "replace the symlink by the real file"))
+            continue
+        if loc not in sizes:
+            try:
+                sizes[loc] = os.stat(path).st_size
+            except OSError:
+                sizes[loc] = None
+        size = sizes[loc]
+        if size is None:
+            out.append(_f("export.external_data", t.name, f"tensor '{t.name}' points at '{loc}', which does not exist",
+                          "copy the external data file next to the model or re-export"))
+            continue
+        try:
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") not in (None, "") else None
+        except ValueError:
+            out.append(_f("export.external_data", t.name, f"tensor '{t.name}' has a non-integer offset/length {info}",
+                          "re-export"))
+            continue
+        expected = _nbytes(t)
+        if length is None:
+            length = expected if expected is not None else size - offset
+        if offset < 0 or offset + length > size:
+            out.append(_f("export.external_data", t.name,
+                          f"tensor '{t.name}' reads bytes {offset}..{offset + length} of '{loc}', which has only {size} bytes",
+                          "the data file is truncated or from another export: re-export, or fetch the real file (Git LFS?)"))
+        elif expected is not None and length != expected:
+            out.append(_f("export.external_data", t.name,
+                          f"tensor '{t.name}' ({_tname(t.data_type)} {list(t.dims)}) needs {expected} bytes, its external length is {length}",
+                          "re-export; the graph and its data file disagree"))
+    return out
+
+
+def _against_profile(model: onnx.ModelProto, rules: dict) -> list[dict]:
+    out: list[dict] = []
+    allowed = rules.get("allowed_group_sizes") or ([rules["group_size"]] if rules.get("group_size") else [])
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits" or node.name.startswith("/lm_head/"):
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if rules.get("bits") and attrs.get("bits") != rules["bits"]:
+            out.append(_f("graph.quant", node.name, f"'{node.name}' has bits={attrs.get('bits')}; the profile expects {rules['bits']}", "use a package built for this release"))
+        if allowed and attrs.get("block_size") not in allowed:
+            out.append(_f("graph.quant", node.name, f"'{node.name}' has block_size={attrs.get('block_size')}; the profile expects {' or '.join(map(str, allowed))}", "use a package built for this release"))
     return out

@@ -1,0 +1,225 @@
+"""Run the onnxruntime-genai model builder on a Quark export, keeping Quark's decisions.
+
+The builder (0.18) reads a Quark export directly (`quant_method: quark`) and repacks its uint4 weights
+into `MatMulNBits` with Quark's group size and zero points. What it does on its own: it quantizes any
+MatMul that Quark left in float (int4, symmetric, block 32) and, for a tied lm_head, shares that
+quantized weight with the embedding through `GatherBlockQuantized`. `export` therefore passes every
+layer Quark excluded to the builder's `nodes_to_exclude` option (and the embedding `Gather` when the
+model ties it to lm_head), unless `keep_excluded_float=False`.
+
+The builder is called through `parse_extra_options` + `create_model`, never through its CLI
+(`--help` crashes in 0.18). Output goes into a staging folder beside `out_dir`, then is renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
+
+# Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
+# float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`
+# from a float16 Quark export (the builder then uses float16 I/O).
+PROFILES: dict[str, dict[str, str]] = {
+    "npu": {"precision": "int4", "execution_provider": "cpu"},
+    "hybrid": {"precision": "int4", "execution_provider": "dml"},
+}
+
+# Files a consumer of the folder needs that the builder may not write itself. Never overwrites
+# what the builder wrote (it re-saves the tokenizer with its own model_max_length).
+COPY_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+
+EMBED_GATHER = "/model/embed_tokens/Gather"
+
+# On the CPU EP the builder defaults MatMulNBits to accuracy_level 4, which quantizes activations to
+# int8 inside every MatMulNBits. Quark's `uint4_wo_*` schemes are weight-only (float activations), and
+# the NPU computes in bf16, so the export keeps float32 activations unless the caller passes its own
+# accuracy_level. Measured on SmolLM2-135M: level 1 matches the Quark model to cosine 1.0 and
+# identical greedy tokens; level 4 gives cosine 0.997 and diverging greedy tokens, but decodes
+# ~1.4x faster on CPU (docs/measurements/export.md).
+CPU_FAITHFUL_OPTIONS = {"accuracy_level": "1"}
+
+
+try:  # the pipeline's user-facing error, when the engine is importable
+    from pipeline.errors import RaipackError as _Base
+except ImportError:  # pragma: no cover
+    _Base = Exception
+
+
+class ExportError(_Base):
+    """A bad export input; str() is the sentence the user reads, `hint` the next step."""
+
+    def __init__(self, message: str, hint: str = ""):
+        Exception.__init__(self, message)
+        self.hint = hint
+
+
+def read_quark_config(quark_dir: Path) -> tuple[dict, dict]:
+    """(config.json, its quantization_config) of a Quark export; raises ExportError if not one."""
+    path = Path(quark_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"{path}: not found; the export stage reads a Quark export folder",
+                          "run the quantize stage first, or point at the folder it wrote") from None
+    except json.JSONDecodeError as err:
+        raise ExportError(f"{path}: not valid JSON ({err})", "re-run the quantize stage") from None
+    qc = config.get("quantization_config") or {}
+    if qc.get("quant_method") != "quark":
+        raise ExportError(
+            f"{path}: quantization_config.quant_method is {qc.get('quant_method')!r}, expected 'quark'",
+            "export the Quark model with export_safetensors(custom_mode='quark')",
+        )
+    weight = (qc.get("global_quant_config") or {}).get("weight") or {}
+    if not weight.get("group_size"):
+        raise ExportError(
+            f"{path}: quantization_config.global_quant_config.weight has no group_size",
+            "quantize with a per-group scheme such as uint4_wo_128",
+        )
+    return config, qc
+
+
+def safetensors_names(folder: Path) -> list[str]:
+    """Tensor names of every *.safetensors file in `folder`, read from the headers only."""
+    names: list[str] = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        names.extend(k for k in header if k != "__metadata__")
+    return names
+
+
+def excluded_nodes(quark_dir: Path, config: dict, quant_config: dict) -> list[str]:
+    """Builder node names of the layers Quark left in float (plus the embedding Gather if tied)."""
+    modules = {n.rsplit(".", 1)[0] for n in safetensors_names(quark_dir) if n.endswith(".weight")}
+    tied = bool(config.get("tie_word_embeddings", False))
+    if tied or "lm_head.weight" not in modules:
+        modules.add("lm_head")
+    nodes = []
+    for name in sorted(modules):
+        node = hf_to_node(name)
+        if node and is_excluded(quant_config, name):
+            nodes.append(node)
+    if tied:  # Quark never quantizes token embeddings; keep the builder from sharing a quantized lm_head
+        nodes.append(EMBED_GATHER)
+    return nodes
+
+
+def _files(folder: Path) -> list[dict]:
+    out = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            out.append({"path": p.relative_to(folder).as_posix(), "size": p.stat().st_size})
+    return out
+
+
+def export(
+    quark_dir: Path,
+    out_dir: Path,
+    *,
+    precision: str = "int4",
+    execution_provider: str = "cpu",
+    keep_excluded_float: bool = True,
+    extra_options: dict | None = None,
+    cache_dir: Path | None = None,
+) -> dict:
+    """Export `quark_dir` (a Quark safetensors export) to an OGA model folder at `out_dir`.
+
+    `extra_options` are builder extra options (values str/int/bool; see the builder's source for the
+    names); an explicit `nodes_to_exclude` there replaces the derived one, an explicit
+    `accuracy_level` the float32 default used for the CPU EP (CPU_FAITHFUL_OPTIONS). An existing `out_dir` is
+    replaced only after the new folder is complete. Returns a dict for the stage report.
+    """
+    t_start = time.perf_counter()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    quark_dir, out_dir = Path(quark_dir).resolve(), Path(out_dir).resolve()
+    config, qc = read_quark_config(quark_dir)
+    weight = layer_weight_spec(qc, "")  # global spec
+
+    options: dict[str, str] = {}
+    derived = excluded_nodes(quark_dir, config, qc) if keep_excluded_float else []
+    if derived:
+        options["nodes_to_exclude"] = ",".join(derived)
+    if execution_provider == "cpu":
+        options.update(CPU_FAITHFUL_OPTIONS)
+    for key, value in (extra_options or {}).items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        options[str(key)] = str(value)
+
+    import onnxruntime_genai
+    from onnxruntime_genai.models.builder import create_model, parse_extra_options
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    own_cache = cache_dir is None
+    cache = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.cache-", dir=out_dir.parent)) if own_cache else Path(cache_dir)
+    try:
+        t_builder = time.perf_counter()
+        kv = [f"{k}={v}" for k, v in options.items()]
+        parsed = parse_extra_options(
+            None, str(quark_dir), str(stage), precision, execution_provider, str(cache), kv
+        )
+        create_model(None, str(quark_dir), str(stage), precision, execution_provider, str(cache), **parsed)
+        builder_seconds = time.perf_counter() - t_builder
+
+        copied = []
+        for name in COPY_FILES:
+            src = quark_dir / name
+            if src.is_file() and not (stage / name).exists():
+                shutil.copy2(src, stage / name)
+                copied.append(name)
+
+        old = None
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / "x")
+        os.replace(stage, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    finally:
+        if own_cache:
+            shutil.rmtree(cache, ignore_errors=True)
+
+    return {
+        "seconds": round(time.perf_counter() - t_start, 3),
+        "builder_seconds": round(builder_seconds, 3),
+        "builder": "onnxruntime_genai.models.builder",
+        "builder_version": getattr(onnxruntime_genai, "__version__", "unknown"),
+        "precision": precision,
+        "execution_provider": execution_provider,
+        "extra_options": options,
+        "nodes_to_exclude": options.get("nodes_to_exclude", "").split(",") if options.get("nodes_to_exclude") else [],
+        "quark": {
+            "group_size": weight["group_size"] if weight else None,
+            "bits": weight["bits"] if weight else None,
+            "symmetric": weight["symmetric"] if weight else None,
+            "exclude": list(qc.get("exclude") or []),
+        },
+        "copied": copied,
+        "files": _files(out_dir),
+    }

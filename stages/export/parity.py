@@ -1,0 +1,154 @@
+"""Parity of an exported OGA model with the Quark model it came from.
+
+The ONNX side runs through `stages.ortloop.OrtDecoder` (plain onnxruntime); the reference side reloads
+the Quark export in transformers, which reads Quark checkpoints natively. Both see the same token ids
+(the Quark folder's tokenizer, no chat template).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stages.ortloop import OrtDecoder, perplexity
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / den) if den else float("nan")
+
+
+def _dequantize_once(model) -> int:
+    """Swap Quark's weight-only `QParamsLinear` modules (which dequantize their packed weight on
+    every call) for `nn.Linear` holding that same dequantized weight. The forward is the same
+    `F.linear` on the same tensor, so logits do not change; decoding gets ~10x faster. Returns the
+    number of modules swapped; modules with activation quantizers are left alone."""
+    import torch
+    from torch import nn
+
+    swapped = 0
+    for name, mod in list(model.named_modules()):
+        if type(mod).__name__ != "QParamsLinear" or not hasattr(mod, "_get_qweight"):
+            continue
+        if getattr(mod, "input_quantizer", None) is not None or getattr(mod, "output_quantizer", None) is not None:
+            continue
+        with torch.no_grad():
+            weight = mod._get_qweight(mod.weight).float()
+            bias = mod._get_qbias(mod.bias) if hasattr(mod, "_get_qbias") else None
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.float(), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, linear)
+        swapped += 1
+    return swapped
+
+
+def _hf_greedy(model, ids: list[int], steps: int):
+    import inspect
+
+    import torch
+
+    # transformers 5.x renamed `past_key_values` to `cache` (input and output); 4.x has the old name.
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    tokens, rows = [], []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        for step in range(steps):
+            row = out.logits[0, -1].float().numpy()
+            tok = int(np.argmax(row))
+            tokens.append(tok)
+            rows.append(row)
+            if step == steps - 1:
+                break
+            out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{key: out[key]})
+    return tokens, rows
+
+
+def parity(
+    quark_dir: str | Path,
+    onnx_dir: str | Path,
+    prompts: list[str],
+    heldout_text: str,
+    steps: int = 32,
+    *,
+    max_heldout_tokens: int = 512,
+    threads: int | None = None,
+    dequantize_once: bool = True,
+) -> dict:
+    """Compare the exported graph in `onnx_dir` with the Quark model in `quark_dir`.
+
+    Per prompt: cosine similarity and max abs difference of the last-token logits, the greedy tokens
+    of both over `steps` steps (no EOS stop), where they first diverge, and the lowest per-step logit
+    cosine up to there. Overall: perplexity of both on `heldout_text` (first `max_heldout_tokens`
+    tokens). Returns a JSON-able dict.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    if threads:
+        torch.set_num_threads(int(threads))
+    tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(quark_dir), dtype=torch.float32).eval()
+    swapped = _dequantize_once(model) if dequantize_once else 0
+    dec = OrtDecoder(onnx_dir, threads=threads)
+
+    results = []
+    for prompt in prompts:
+        ids = tokenizer(prompt)["input_ids"]
+        o_tokens, o_rows = dec.greedy(ids, steps)
+        h_tokens, h_rows = _hf_greedy(model, ids, steps)
+        diverge = next((i for i, (a, b) in enumerate(zip(o_tokens, h_tokens)) if a != b), None)
+        upto = len(o_rows) if diverge is None else diverge + 1
+        results.append({
+            "prompt": prompt,
+            "prompt_tokens": len(ids),
+            "cosine": round(_cosine(o_rows[0], h_rows[0]), 6),
+            "max_abs_diff": round(float(np.max(np.abs(o_rows[0] - h_rows[0]))), 6),
+            "min_step_cosine": round(min(_cosine(a, b) for a, b in zip(o_rows[:upto], h_rows[:upto])), 6),
+            "greedy_identical": o_tokens == h_tokens,
+            "first_divergence": diverge,
+            "tokens_onnx": o_tokens,
+            "tokens_transformers": h_tokens,
+            "text_onnx": tokenizer.decode(o_tokens),
+            "text_transformers": tokenizer.decode(h_tokens),
+        })
+
+    held = tokenizer(heldout_text)["input_ids"][:max_heldout_tokens]
+    if dec.context_length:
+        held = held[: dec.context_length]
+    ppl_onnx = perplexity(dec.logits(held), held)
+    with torch.no_grad():
+        h_logits = model(input_ids=torch.tensor([held])).logits[0].float().numpy()
+    ppl_hf = perplexity(h_logits, held)
+
+    import onnx
+
+    proto = onnx.load(str(Path(onnx_dir) / dec.genai["model"]["decoder"].get("filename", "model.onnx")), load_external_data=False)
+    levels = sorted({a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"})
+    return {
+        "steps": steps,
+        # 4 = MatMulNBits quantizes activations to int8 on CPU (the builder's CPU default); 1 = float32,
+        # which is what Quark's weight-only scheme computes. It dominates the logit difference.
+        "matmulnbits_accuracy_levels": levels,
+        "prompts": results,
+        "cosine_min": min(r["cosine"] for r in results) if results else None,
+        "max_abs_diff_max": max(r["max_abs_diff"] for r in results) if results else None,
+        "greedy_identical": all(r["greedy_identical"] for r in results),
+        "perplexity": {
+            "onnx": round(ppl_onnx, 4),
+            "transformers": round(ppl_hf, 4),
+            "tokens": len(held),
+            "ratio": round(ppl_onnx / ppl_hf, 5),
+        },
+        "dequantized_modules": swapped,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }

@@ -1,0 +1,59 @@
+"""The `export` stage: the onnxruntime-genai model builder on the Quark export,
+Quark's exclusions kept in float, then parity against the Quark model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.errors import RaipackError
+from pipeline.stage import Job, Stage
+
+PROMPTS = ["What is the capital of France?", "Write one sentence about the sea."]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    keep_excluded_float: bool = True  # keep lm_head/embedding float when Quark excluded them
+    extra_options: dict = field(default_factory=dict)  # builder extra options (name -> value)
+    parity: bool = True
+    parity_steps: int = 32
+    max_ppl_ratio: float = 1.01  # exported / Quark perplexity on the held-out text
+
+
+def run(job: Job) -> dict:
+    from stages.quantize.calibration import heldout_text
+
+    from .builder import ExportError, export
+    from .parity import parity
+
+    cfg: ExportConfig = job.config
+    quark = job.inputs["quantize"]
+    execution_provider = "dml" if job.profile["target"] == "hybrid" else "cpu"
+    try:
+        report = export(quark, job.workdir, execution_provider=execution_provider, keep_excluded_float=cfg.keep_excluded_float, extra_options=dict(cfg.extra_options))
+    except ExportError as exc:
+        raise RaipackError(str(exc), exc.hint or "check the Quark export and the [export] options") from None
+    if cfg.parity:
+        p = parity(quark, job.workdir, PROMPTS, heldout_text(), cfg.parity_steps)
+        report["parity"] = p
+        ppl = p["perplexity"]
+        report["quality"] = {"ppl_quark": ppl["transformers"], "ppl_exported": ppl["onnx"], "ppl_ratio": ppl["ratio"],
+                             "logit_cosine_min": p["cosine_min"], "greedy_identical": p["greedy_identical"]}
+        if ppl["ratio"] > cfg.max_ppl_ratio:
+            raise RaipackError(f"the exported model's perplexity {ppl['onnx']:.3f} is {ppl['ratio'] - 1:.2%} above the Quark model's {ppl['transformers']:.3f}, more than max_ppl_ratio {cfg.max_ppl_ratio}",
+                               "keep Quark's exclusions in float ([export].keep_excluded_float = true) or relax [export].max_ppl_ratio")
+    q = report.get("quality", {})
+    report["summary"] = "OGA int4 " + execution_provider + (f", ppl ratio {q['ppl_ratio']:.4f}, greedy {'identical' if q['greedy_identical'] else 'differs'}" if q else "")
+    return report
+
+
+STAGE = Stage(
+    name="export",
+    version="1",
+    config=ExportConfig,
+    inputs=("quantize",),
+    output_profile=lambda job: "oga-export",
+    run=run,
+    tools=("onnxruntime-genai", "onnx", "onnxruntime", "transformers", "torch"),
+    kind="oga",
+)

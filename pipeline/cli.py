@@ -158,6 +158,20 @@ def build(model_dir, recipe, profile, name, output, until, from_, force, algorit
     sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode))
 
 
+@cli.command("run")
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--prompt", "-p", required=True, help="The user message.")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(1, 100000), default=64, show_default=True)
+@click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--threads", type=click.IntRange(1, 256), help="CPU threads (default: onnxruntime's choice).")
+@click.option("--sdk-version", help="Ryzen AI version whose max_prompt_length applies (default: the package's release).")
+def run_cmd(package, prompt, max_new_tokens, raw, threads, sdk_version):
+    """Answer a prompt with a raipack package on the CPU reference runtime."""
+    from .run_cli import run_prompt
+
+    sys.exit(run_prompt(package, prompt, max_new_tokens, raw, threads, sdk_version))
+
+
 @cli.group()
 def cache():
     """The stage cache ($RAIPACK_CACHE, else the platform's cache folder)."""

@@ -25,7 +25,7 @@ class Stage:
     version: str
     config: type  # a dataclass; unknown keys are refused
     inputs: tuple[str, ...]
-    output_profile: Callable[["Job"], str]
+    output_profile: Callable[["Job"], str | None]  # None: the output is a report the stage checked itself
     run: Callable[["Job"], dict]
     tools: tuple[str, ...] = ()  # distributions whose versions enter the cache key
     kind: str = ""  # the manifest's kind

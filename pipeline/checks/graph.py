@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import schemas
 from . import check
 from . import onnx_contract as contract
 
@@ -69,8 +70,8 @@ def io_contract(ctx):
     `present.N.key/value` output per layer, `logits`; element types, the KV
     head count and head size agree."""
     g = _graph(ctx)
-    if g is None or not isinstance(ctx.genai, dict):
-        return
+    if g is None or not isinstance(ctx.genai, dict) or schemas.errors("genai_config", ctx.genai):
+        return  # a mistyped genai_config.json is RP202's finding; the contract needs a well-typed one
     for item in contract.io_contract(g, ctx.genai):
         yield ctx.finding(ctx.graph_rel, item["message"], item["hint"], item["pointer"])
 
@@ -85,5 +86,8 @@ def matmulnbits_quant(ctx):
     if g is None:
         return
     rules = ctx.profile["quantization"]
-    for item in contract.matmulnbits_agreement(g, ctx.quant_config, rules):
+    quant = ctx.quant_config
+    if quant is not None and schemas.errors("quantization_config", quant):
+        return  # RP202 reports the mistyped config
+    for item in contract.matmulnbits_agreement(g, quant, rules):
         yield ctx.finding(ctx.graph_rel, item["message"], item["hint"], item["pointer"], item.get("severity"))

@@ -1,0 +1,376 @@
+"""raipack reference packages: the open NPU formats (model.pb.bin + model.bin, cache descriptors,
+dd_metastate plans) agree with each other, with the graph and with the provider options.
+
+Every check here is a no-op unless the package's NPU header starts with raipack's magic
+(`RAIPKNPU`): AMD's packages use AMD's own undocumented formats. They read the header, the graph
+without weights, the cache meta/descriptor files and the plans (small files); only RP902 reads
+model.bin, and only with --verify-hashes. The formats are documented in docs/formats.md and
+implemented in stages/fuse/formats.py (standard library only at import time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+
+from . import check
+from .provider import weights_sibling
+
+GENAI = "genai_config.json"
+FUSED_DOMAIN = "ai.raipack"
+
+
+def _formats():
+    from stages.fuse import formats
+
+    return formats
+
+
+def _header_rel(ctx) -> str:
+    opts, _ = ctx.options
+    name = opts.get("external_data_file")
+    return name if isinstance(name, str) and name else "model.pb.bin"
+
+
+def _reference(ctx):
+    """(header rel path, parsed header or FormatError) when this is a raipack reference package, else None."""
+    cached = getattr(ctx, "_npu_header", None)
+    if cached is not None:
+        return cached or None
+    rel = _header_rel(ctx)
+    fe = ctx.pkg.files.get(rel)
+    result = False
+    if fe is not None and not fe.lfs:
+        fmt = _formats()
+        if fmt.is_reference_header(ctx.pkg.path(rel)):
+            try:
+                result = (rel, fmt.read_header(ctx.pkg.path(rel)))
+            except fmt.FormatError as err:
+                result = (rel, err)
+    ctx._npu_header = result
+    return result or None
+
+
+def _header(ctx):
+    ref = _reference(ctx)
+    if ref is None or not isinstance(ref[1], dict):
+        return None, None
+    return ref
+
+
+def _tiers(header: dict) -> list[tuple[str, int]]:
+    t = header.get("tiers") or {}
+    return [("prefill", int(x)) for x in t.get("prefill") or []] + [("token", int(x)) for x in t.get("token") or []]
+
+
+@check("RP901", "npu-header")
+def npu_header(ctx):
+    """A raipack `model.pb.bin` parses (magic, version, length, the sha256 of
+    its JSON document) and agrees with its weights file (`model.bin`): the
+    recorded size, every tensor's offset (aligned to the header's alignment,
+    4096), its size (dtype × shape), inside the file, no two tensors
+    overlapping. Reads the header only."""
+    ref = _reference(ctx)
+    if ref is None:
+        return
+    rel, doc = ref
+    fmt = _formats()
+    if isinstance(doc, fmt.FormatError):
+        yield ctx.finding(rel, str(doc), doc.hint or "rebuild the package with raipack build", doc.pointer)
+        return
+    wrel = doc.get("weights_file", weights_sibling(rel))
+    if wrel != weights_sibling(rel):
+        yield ctx.finding(rel, f"names weights file {wrel!r}, but the runtime reads the sibling {weights_sibling(rel)!r}", "rebuild the package", "/weights_file")
+    fe = ctx.pkg.files.get(wrel)
+    if fe is None or fe.lfs:
+        return  # RP404 / RP102 report a missing or pointer weights file
+    for pointer, message in fmt.header_problems(doc, fe.size):
+        yield ctx.finding(rel, message, "rebuild the package; model.bin and model.pb.bin must come from the same build", pointer)
+
+
+@check("RP902", "npu-weights-hash", needs="verify_hashes")
+def npu_weights_hash(ctx):
+    """With `--verify-hashes`: every tensor of a raipack `model.bin` hashes to
+    the sha256 that `model.pb.bin` records for it (a flipped byte, or a
+    weights file from another build, is caught)."""
+    rel, doc = _header(ctx)
+    if doc is None:
+        return
+    fmt = _formats()
+    wrel = doc.get("weights_file", weights_sibling(rel))
+    fe = ctx.pkg.files.get(wrel)
+    if fe is None or fe.lfs or fmt.header_problems(doc, fe.size):
+        return  # RP901 says why the offsets cannot be trusted
+    tensors = {t["name"]: t for _, _, _, t in fmt.header_tensors(doc)}
+    path = ctx.pkg.path(wrel)
+
+    def digest(t):
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            fh.seek(t["offset"])
+            left = t["size"]
+            while left:
+                block = fh.read(min(left, 8 << 20))
+                if not block:
+                    break
+                h.update(block)
+                left -= len(block)
+        return t["name"], h.hexdigest()
+
+    with ThreadPoolExecutor(max_workers=max(1, ctx.jobs or 2)) as pool:
+        results = dict(pool.map(digest, tensors.values()))
+    bad = [n for n, h in results.items() if h != tensors[n]["sha256"]]
+    for name in bad[:20]:
+        t = tensors[name]
+        yield ctx.finding(wrel, f"tensor {name} (bytes {t['offset']}..{t['offset'] + t['size']}) does not hash to the sha256 {rel} records", "the weights file is corrupt or from another build; copy or rebuild it", name)
+    if len(bad) > 20:
+        yield ctx.finding(wrel, f"{len(bad) - 20} more tensors do not match their sha256", "rebuild the package")
+
+
+def _graph_model(ctx):
+    g = ctx.graph
+    return None if g is None or isinstance(g, Exception) else g
+
+
+@check("RP903", "fused-graph")
+def fused_graph(ctx):
+    """In a raipack package, `model.onnx` and `model.pb.bin` describe the same
+    fused nodes: every node of domain `ai.raipack` has its local function and
+    a header operator of the same type, every initializer stored in
+    `model.bin` has the header's offset, length and shape, and every
+    `MatMulNBits` inside a fused node meets the profile's NPU constraints
+    (bits, `quantization.allowed_group_sizes`, K/N multiples)."""
+    rel, doc = _header(ctx)
+    model = _graph_model(ctx)
+    if doc is None or model is None:
+        return
+    from onnx import helper
+
+    grel = ctx.graph_rel
+    fmt = _formats()
+    ops = {op.get("name"): op for op in doc.get("operators") or []}
+    tensors = {t["name"]: t for _, _, _, t in fmt.header_tensors(doc)}
+    functions = {f.name: f for f in model.functions if f.domain == FUSED_DOMAIN}
+    q = ctx.profile.get("quantization") or {}
+    groups = q.get("allowed_group_sizes") or ([q["group_size"]] if "group_size" in q else [])
+    seen = set()
+    for n in model.graph.node:
+        if n.domain != FUSED_DOMAIN:
+            continue
+        seen.add(n.name)
+        op = ops.get(n.name)
+        if op is None:
+            yield ctx.finding(grel, f"fused node {n.name} ({n.op_type}) has no operator in {rel}", "rebuild the package", n.name)
+        elif op.get("op_type") != n.op_type:
+            yield ctx.finding(grel, f"fused node {n.name} is {n.op_type} in the graph but {op.get('op_type')} in {rel}", "rebuild the package", n.name)
+        fn = functions.get(n.op_type)
+        if fn is None:
+            yield ctx.finding(grel, f"fused node {n.name} uses {FUSED_DOMAIN}.{n.op_type}, but the model has no local function of that name", "rebuild the package; onnxruntime cannot run the node without its function", n.name)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        for inner in fn.node:
+            if inner.op_type != "MatMulNBits":
+                continue
+            vals = {a.name: attrs.get(a.ref_attr_name) if a.ref_attr_name else helper.get_attribute_value(a) for a in inner.attribute}
+            why = []
+            if "bits" in q and vals.get("bits", 4) != q["bits"]:
+                why.append(f"bits {vals.get('bits')} (the NPU takes {q['bits']})")
+            if groups and vals.get("block_size") not in groups:
+                why.append(f"block_size {vals.get('block_size')} (allowed: {groups})")
+            K, N = vals.get("K"), vals.get("N")
+            for dim, value, key in (("K", K, "npu_k_multiple"), ("N", N, "npu_n_multiple")):
+                m = q.get(key)
+                if isinstance(m, int) and isinstance(value, int) and value % m:
+                    why.append(f"{dim}={value} not a multiple of {m}")
+            if why:
+                yield ctx.finding(grel, f"fused node {n.name}: its {inner.name} MatMulNBits breaks the NPU constraints of profile {ctx.profile['id']}: " + ", ".join(why), "quantize with a group size the profile allows", n.name)
+    for name in sorted(set(ops) - seen):
+        yield ctx.finding(rel, f"lists operator {name}, which is not a node of {grel}", "rebuild the package", f"/operators")
+    wrel = doc.get("weights_file", "model.bin")
+    for t in model.graph.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        if ext.get("location") != wrel:
+            continue
+        entry = tensors.get(t.name)
+        if entry is None:
+            yield ctx.finding(grel, f"initializer {t.name} points into {wrel}, but {rel} does not list it", "rebuild the package", t.name)
+        elif int(ext.get("offset", 0)) != entry["offset"] or int(ext.get("length", -1)) != entry["size"] or list(t.dims) != entry.get("shape"):
+            yield ctx.finding(grel, f"initializer {t.name} is at offset {ext.get('offset')} length {ext.get('length')} shape {list(t.dims)} in the graph but at {entry['offset']}, {entry['size']}, {entry.get('shape')} in {rel}", "rebuild the package; the graph and the header come from different builds", t.name)
+
+
+@check("RP904", "fused-node-cache")
+def fused_node_cache(ctx):
+    """Every operator of a raipack `model.pb.bin` has its
+    `cache/<node>_meta.json` and the `.const` descriptor it names; the
+    descriptor parses, names the same node, records the header's sha256 and
+    the same offsets and sizes for the node's tensors, as does the meta
+    file's tensor map."""
+    rel, doc = _header(ctx)
+    if doc is None:
+        return
+    fmt = _formats()
+    header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
+    for i, op in enumerate(doc.get("operators") or []):
+        name = op.get("name")
+        meta_rel = op.get("meta") or f"cache/{name}_meta.json"
+        if meta_rel not in ctx.pkg.files:
+            yield ctx.finding(meta_rel, f"is missing: fused node {name} has no cache meta file", "copy the whole cache folder, or rebuild the package", f"/operators/{i}/meta")
+            continue
+        meta = ctx.pkg.try_json(meta_rel)
+        if not isinstance(meta, dict):
+            continue  # RP201/RP202 report it
+        tmap = meta.get("tensor_map") if isinstance(meta.get("tensor_map"), dict) else {}
+        desc = tmap.get("descriptor") if isinstance(tmap.get("descriptor"), dict) else None
+        folder = meta_rel.rsplit("/", 1)[0]
+        if desc is None or not isinstance(desc.get("file_name"), str):
+            yield ctx.finding(meta_rel, f"has no descriptor entry in its tensor_map (fused node {name})", "rebuild the package", "/tensor_map/descriptor")
+            continue
+        const_rel = f"{folder}/{desc['file_name']}"
+        if const_rel not in ctx.pkg.files:
+            continue  # RP603 reports the missing .const
+        try:
+            d = fmt.decode_const(ctx.pkg.path(const_rel).read_bytes(), const_rel)
+        except (fmt.FormatError, ValueError) as err:
+            yield ctx.finding(const_rel, str(err), "rebuild the package")
+            continue
+        if d.get("node") != name or d.get("op_type") != op.get("op_type"):
+            yield ctx.finding(const_rel, f"describes {d.get('op_type')} {d.get('node')}, not {op.get('op_type')} {name}", "rebuild the package")
+        if d.get("header_sha256") != header_sha:
+            yield ctx.finding(const_rel, f"was written for another {rel} (its header_sha256 differs)", "rebuild the package; files of different builds were mixed")
+        want = {t.get("role"): (t.get("offset"), t.get("size")) for t in op.get("tensors") or []}
+        have = {t.get("role"): (t.get("offset"), t.get("size")) for t in d.get("tensors") or [] if isinstance(t, dict)}
+        if have != want:
+            yield ctx.finding(const_rel, f"lists tensors {sorted(have)} at other offsets or sizes than {rel} does for {name}", "rebuild the package")
+        meta_t = {k: (v.get("offset"), v.get("size_in_bytes")) for k, v in tmap.items() if isinstance(v, dict) and "size_in_bytes" in v}
+        if meta_t != want:
+            yield ctx.finding(meta_rel, f"tensor_map places the tensors of {name} differently from {rel}", "rebuild the package", "/tensor_map")
+
+
+@lru_cache(maxsize=4)
+def _sha_file(path: str, size: int, mtime: float) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+@check("RP905", "metastate-plans")
+def metastate_plans(ctx):
+    """In a raipack package, every `dd_metastate_*` set's `.plan` follows
+    schemas/metastate_plan.schema.json and is internally consistent (phase,
+    tier and sequence length match the file name; every tensor's bytes match
+    its dtype and shape at that tier; buffers live at the same step never
+    overlap and stay inside the arena; the KV bindings are [1, kv_heads,
+    window, head_size] in disjoint regions of max_length positions); its
+    `.state` records the sha256 of that plan, of `model.pb.bin` and of the
+    graph."""
+    rel, doc = _header(ctx)
+    if doc is None:
+        return
+    from .buckets import TIERED, metastate_sets
+    from .. import schemas
+
+    fmt = _formats()
+    header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
+    grel = ctx.graph_rel
+    graph_sha = None
+    if grel and not ctx.pkg.files[grel].lfs:
+        p = ctx.pkg.path(grel)
+        st = p.stat()
+        graph_sha = _sha_file(str(p), st.st_size, st.st_mtime)
+    m = doc.get("model") or {}
+    model = {k: m[k] for k in ("layers", "kv_heads", "head_size", "vocab_size", "num_heads", "hidden_size") if k in m}
+    max_length = (doc.get("tiers") or {}).get("max_length")
+    for stem, exts in sorted(metastate_sets(ctx.pkg).items()):
+        mt = TIERED.match(stem.rsplit("/", 1)[-1])
+        if not mt or "plan" not in exts:
+            continue
+        phase, tier = mt["phase"].lower(), int(mt["tier"])
+        plan_rel = exts["plan"]
+        fe = ctx.pkg.files[plan_rel]
+        if fe.lfs:
+            continue
+        raw = ctx.pkg.path(plan_rel).read_bytes()
+        try:
+            plan = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            yield ctx.finding(plan_rel, f"is not valid JSON ({err})", "rebuild the package")
+            continue
+        errs = schemas.errors("metastate_plan", plan)
+        for pointer, message in errs[:10]:
+            yield ctx.finding(plan_rel, message, "rebuild the package; plans are written by raipack fuse", pointer)
+        if errs:
+            continue
+        for pointer, message in fmt.plan_problems(plan, phase=phase, tier=tier, model=model, max_length=max_length):
+            yield ctx.finding(plan_rel, message, "rebuild the package", pointer)
+        if "state" in exts and not ctx.pkg.files[exts["state"]].lfs:
+            srel = exts["state"]
+            try:
+                state = fmt.decode_state(ctx.pkg.path(srel).read_bytes(), srel)
+            except fmt.FormatError as err:
+                yield ctx.finding(srel, str(err), err.hint)
+                continue
+            if state.get("plan_sha256") != hashlib.sha256(raw).hexdigest():
+                yield ctx.finding(srel, f"records another sha256 for {plan_rel.rsplit('/', 1)[-1]} (the plan was edited or swapped)", "rebuild the package", "/plan_sha256")
+            if state.get("header_sha256") != header_sha:
+                yield ctx.finding(srel, f"was written for another {rel}", "rebuild the package; files of different builds were mixed", "/header_sha256")
+            if graph_sha and state.get("graph_sha256") != graph_sha:
+                yield ctx.finding(srel, f"was written for another {grel}", "rebuild the package; files of different builds were mixed", "/graph_sha256")
+            if state.get("phase") != phase or state.get("tier") != tier:
+                yield ctx.finding(srel, f"is the state of {state.get('phase')} tier {state.get('tier')}, not of {phase} tier {tier}", "rebuild the package")
+
+
+@check("RP906", "tier-options")
+def tier_options(ctx):
+    """In a raipack package, the provider options and search settings agree
+    with the tiers the package holds: `search.max_length` is the largest
+    token tier (and `max_length_for_kv_cache`, when set, equals it);
+    `hybrid_opt_max_seq_length` is the largest prefill tier; `chunk_size`
+    is a prefill tier; chunked prefill (`hybrid_opt_chunk_context` "1") is on
+    whenever `rai_config.max_prompt_length` exceeds the largest prefill tier;
+    the header's tiers are the profile's tiers up to `max_length`."""
+    rel, doc = _header(ctx)
+    if doc is None:
+        return
+    from .consistency import lengths
+
+    L = lengths(ctx)
+    t = doc.get("tiers") or {}
+    prefill, token = sorted(t.get("prefill") or []), sorted(t.get("token") or [])
+    if not prefill or not token:
+        yield ctx.finding(rel, "lists no prefill or no token tiers", "rebuild the package", "/tiers")
+        return
+    opts, where = ctx.options
+    ml = L["max_length"]
+    if ml != token[-1] or t.get("max_length") != ml:
+        yield ctx.finding(GENAI, f"search.max_length is {ml}, but the package's largest token tier is {token[-1]} (header max_length {t.get('max_length')})", "rebuild the package; the static KV buffer is sized by the largest token tier", "/search/max_length")
+    if L["kv_cache"] is not None and L["kv_cache"] != token[-1]:
+        yield ctx.finding(GENAI, f"max_length_for_kv_cache is {L['kv_cache']}, but the largest token tier is {token[-1]}", "set it to the largest token tier", where.get("max_length_for_kv_cache", ""))
+    if L["npu_seq"] is not None and L["npu_seq"] != prefill[-1]:
+        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but the largest prefill tier is {prefill[-1]}", "set it to the largest prefill tier", where.get("hybrid_opt_max_seq_length", ""))
+    if L["chunk_size"] is not None and L["chunk_size"] not in prefill:
+        yield ctx.finding(GENAI, f"search.chunk_size {L['chunk_size']} is not one of the prefill tiers {prefill}", "make chunk_size a prefill tier", "/search/chunk_size")
+    too_long = {v: n for v, n in L["max_prompt"].items() if n > prefill[-1]}
+    if too_long and not L["chunked"]:
+        v, n = sorted(too_long.items())[0]
+        yield ctx.finding("rai_config.json", f"max_prompt_length for {v} is {n}, above the largest prefill tier {prefill[-1]}, with chunked prefill off", "turn on hybrid_opt_chunk_context or lower max_prompt_length", f"/max_prompt_length/{v}")
+    declared = ctx.profile.get("buckets") or {}
+    if ml:
+        for key, have in (("prefill", prefill), ("token", token)):
+            want = sorted(x for x in declared.get(key, []) if x <= ml)
+            if declared.get(key) and have != want:
+                yield ctx.finding(rel, f"lists {key} tiers {have}; profile {ctx.profile['id']} declares {want} up to max_length {ml}", "rebuild the package with the right profile", f"/tiers/{key}")
+
+
+@check("RP907", "cpu-fallback", "warning")
+def cpu_fallback(ctx):
+    """A raipack package lists in its header the graph nodes that are not
+    part of a fused NPU operator although they belong to the decoder layers
+    (anything besides embedding, mask arithmetic, final norm and lm_head):
+    each one runs on the CPU and is reported, never silently."""
+    rel, doc = _header(ctx)
+    if doc is None:
+        return
+    for n in doc.get("cpu_nodes") or []:
+        if isinstance(n, dict) and n.get("why") == "not fused":
+            yield ctx.finding(ctx.graph_rel or "model.onnx", f"{n.get('op_type')} node {n.get('name')} is not fused and runs on the CPU", "see the fuse report for the NPU constraint it breaks", str(n.get("name")))

@@ -1,0 +1,449 @@
+"""The `reference` fuse backend: an onnxruntime-genai int4 export → a folder with the layout of AMD's
+1.8 NPU packages, in raipack's open formats (docs/formats.md).
+
+`fuse(export_dir, out_dir, profile)` reads the export's graph without its weights, rewrites it
+(stages/fuse/graph.py), checks the NPU constraints the profile knows before writing anything, then
+writes into a staging folder beside `out_dir` and renames it into place:
+
+    model.onnx         the fused graph: nodes of domain ai.raipack with their local functions
+    model.onnx.data    CPU-side tensors (embedding, final norm, a float lm_head)
+    model.bin          NPU-side tensors of the fused nodes, 4 KiB aligned
+    model.pb.bin       the header indexing model.bin
+    cache/             <node>_meta.json + <node>.const per fused node
+    dd_metastate_Llm_{Prefill|Token}_decoder_<L>.{plan,state}   one set per tier ≤ max_length
+    genai_config.json, rai_config.json, config.json, tokenizer files, generation_config.json, README.md
+
+Tiers, lengths, options and constraints all come from the profile; nothing here is a tier constant.
+The weights are never loaded into Python objects: the source `model.onnx.data` is memory-mapped and
+slices of it are written out while a thread pool hashes them.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from . import formats
+from .formats import ALIGNMENT
+
+NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
+CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+                "LICENSE", "LICENSE.txt", "LICENSE.md", "USE_POLICY.md", "NOTICE")
+SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
+
+try:  # the pipeline's user-facing error, when the engine is importable
+    from pipeline.errors import RaipackError as _Base
+except ImportError:  # pragma: no cover
+    _Base = Exception
+
+
+class FuseError(_Base):
+    """A fuse input or setting that cannot make a package; str() is the sentence, `hint` the next step."""
+
+    def __init__(self, message: str, hint: str = ""):
+        Exception.__init__(self, message)
+        self.hint = hint
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def lengths_for(profile: dict, context_length: int | None) -> dict:
+    """Tiers and lengths of a package built for `profile` from a model of `context_length` positions.
+    search.max_length is the largest token tier within both the profile's max_length and the model's
+    context; tiers above it are not written."""
+    search = profile["genai"]["search"]
+    prof_max = int(search.get("max_length") or max(profile["buckets"]["token"]))
+    limit = min(prof_max, context_length) if context_length else prof_max
+    token = sorted(t for t in profile["buckets"]["token"] if t <= limit)
+    if not token:
+        raise FuseError(
+            f"the model's context of {context_length} positions is below every token tier of profile {profile['id']} ({sorted(profile['buckets']['token'])})",
+            "choose a profile whose token tiers fit the model's context length")
+    max_length = token[-1]
+    prefill = sorted(t for t in profile["buckets"]["prefill"] if t <= max_length)
+    if not prefill:
+        raise FuseError(f"profile {profile['id']} has no prefill tier at or below max_length {max_length}", "fix the profile's prefill tiers")
+    chunk = search.get("chunk_size")
+    if chunk is not None and int(chunk) not in prefill:
+        raise FuseError(f"profile {profile['id']} sets chunk_size {chunk}, which is not one of its prefill tiers {prefill}",
+                        "make chunk_size one of the prefill tiers: every prefill chunk runs a tier's plan")
+    opts = profile["genai"]["options"]
+    cc = opts.get("hybrid_opt_chunk_context", {})
+    allowed = cc.get("allowed") or ["0", "1"]
+    mpl = {v: min(int(n), max_length) for v, n in profile.get("max_prompt_length", {}).items()}
+    need_chunks = any(n > prefill[-1] for n in mpl.values())
+    if cc.get("required") and allowed == ["1"]:
+        chunked = True
+    elif need_chunks and "1" in allowed and "hybrid_opt_chunk_context" in opts:
+        chunked = True
+    else:
+        chunked = False
+    if not chunked:
+        mpl = {v: min(n, prefill[-1]) for v, n in mpl.items()}
+    return {"max_length": max_length, "prefill": prefill, "token": token, "chunk_size": int(chunk) if chunk is not None else None,
+            "chunked": chunked, "max_prompt_length": mpl, "npu_seq": prefill[-1]}
+
+
+def _token_window(token_tiers: list[int], end: int) -> int:
+    return next(t for t in token_tiers if t >= end)
+
+
+class _Source:
+    """The export's initializers, read straight from their external data files (memory-mapped)."""
+
+    def __init__(self, folder: Path, model):
+        self.folder = folder
+        self.maps: dict[str, mmap.mmap] = {}
+        self.tensors = {t.name: t for t in model.graph.initializer}
+
+    def view(self, name: str) -> memoryview:
+        t = self.tensors[name]
+        if t.data_location != 1:  # inline
+            if t.raw_data:
+                return memoryview(t.raw_data)
+            from onnx import numpy_helper
+
+            return memoryview(numpy_helper.to_array(t).tobytes())
+        ext = {e.key: e.value for e in t.external_data}
+        loc = ext["location"]
+        if loc not in self.maps:
+            path = (self.folder / loc).resolve()
+            if self.folder.resolve() not in path.parents:
+                raise FuseError(f"initializer {name} points at {loc}, outside the export folder", "re-run the export stage")
+            with open(path, "rb") as fh:
+                self.maps[loc] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        off = int(ext.get("offset", 0))
+        length = int(ext["length"]) if "length" in ext else formats.nbytes(formats.ONNX_DTYPE[t.data_type], t.dims)
+        mm = self.maps[loc]
+        if off + length > len(mm):
+            raise FuseError(f"initializer {name} ends at byte {off + length} of {loc}, which is {len(mm)} bytes", "re-run the export stage; its data file is truncated")
+        return memoryview(mm)[off: off + length]
+
+    def close(self):
+        for mm in self.maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+
+def _external(t, location: str, offset: int, length: int, dims=None):
+    from onnx import TensorProto
+
+    t.ClearField("raw_data")
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        t.ClearField(field)
+    if dims is not None:
+        del t.dims[:]
+        t.dims.extend(dims)
+    t.data_location = TensorProto.EXTERNAL
+    del t.external_data[:]
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def _json(path: Path, doc) -> int:
+    data = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return len(data)
+
+
+def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | None = None, progress=None) -> dict:
+    """Fuse an OGA int4 export into a reference package at `out_dir` (replaced atomically). Returns the
+    report: fused nodes, bytes written, constraint findings (dicts like validator findings), seconds."""
+    import onnx
+
+    t0 = time.perf_counter()
+    report = progress or (lambda what, done, total: None)
+    export_dir, out_dir = Path(export_dir).resolve(), Path(out_dir).resolve()
+    quark_dir = Path(quark_dir).resolve() if quark_dir else None
+    try:
+        genai = json.loads((export_dir / "genai_config.json").read_text("utf-8"))
+    except FileNotFoundError:
+        raise FuseError(f"{export_dir / 'genai_config.json'}: not found; the fuse stage reads an onnxruntime-genai export folder", "run the export stage first") from None
+    dec = genai["model"]["decoder"]
+    graph_name = dec.get("filename", "model.onnx")
+    model = onnx.load(str(export_dir / graph_name), load_external_data=False)
+    context = int(genai["model"].get("context_length") or 0) or None
+    L = lengths_for(profile, context)
+    findings: list[dict] = []
+    if not _is_pow2(L["npu_seq"]):
+        findings.append({"check_id": "fuse-lengths", "severity": "error", "path": "genai_config.json", "pointer": "/model/decoder/session_options",
+                         "message": f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be", "hint": "make the profile's largest prefill tier a power of two"})
+
+    from .graph import DOMAIN, Constraints, ShapeError, _attr_value, fuse_graph, static_schedule
+
+    try:
+        fg = fuse_graph(model, genai, Constraints.from_profile(profile))
+    except ValueError as err:
+        raise FuseError(f"{export_dir / graph_name}: {err}", "fuse reads graphs written by the onnxruntime-genai model builder (int4, cpu)") from None
+    findings += fg.findings
+    report("graph", 1, 1)
+
+    config_src = next((d / "config.json" for d in (quark_dir, export_dir) if d and (d / "config.json").is_file()), None)
+    if config_src is None:
+        raise FuseError(f"no config.json in {quark_dir or export_dir}: the package keeps the Quark config.json with its quantization_config",
+                        "pass quark_dir (the quantize stage's output folder)")
+    model_config = json.loads(config_src.read_text("utf-8"))
+    if (model_config.get("quantization_config") or {}).get("quant_method") != "quark" and profile["quantization"].get("config_json") == "quark":
+        findings.append({"check_id": "fuse-config", "severity": "error", "path": "config.json", "pointer": "/quantization_config",
+                         "message": f"{config_src} has no Quark quantization_config; profile {profile['id']} packages keep it", "hint": "pass the Quark export folder as quark_dir"})
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it 0700; a package folder is as readable as any other
+    src = _Source(export_dir, model)
+    written: dict[str, int] = {}
+    try:
+        out_model = fg.model
+        inits = {t.name: t for t in out_model.graph.initializer}
+        npu = set(fg.npu_initializers)
+        # ---- model.bin: NPU-side tensors in fused-node order ------------------------------------
+        writer = formats.WeightsWriter(stage / "model.bin", ALIGNMENT)
+        try:
+            for k, f in enumerate(fg.fused):
+                for role, name in f.weights:
+                    if name not in npu or name in writer.entries:
+                        continue
+                    t = inits[name]
+                    dims = list(t.dims)
+                    view = src.view(name)
+                    if role.endswith((".cos_cache", ".sin_cache")) and dims and dims[0] > L["max_length"]:
+                        row = len(view) // dims[0]
+                        dims[0] = L["max_length"]
+                        view = view[: row * dims[0]]
+                    writer.add(name, view, formats.ONNX_DTYPE[t.data_type], dims)
+                report("model.bin", k + 1, len(fg.fused))
+            written["model.bin"] = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        for name, e in writer.entries.items():
+            _external(inits[name], "model.bin", e["offset"], e["size"], e["shape"])
+        # ---- model.onnx.data: CPU-side tensors ----------------------------------------------------
+        pos = 0
+        with open(stage / "model.onnx.data", "wb") as fh:
+            for name in fg.cpu_initializers:
+                view = src.view(name)
+                a = ALIGNMENT if len(view) >= ALIGNMENT else 64
+                start = formats.align(pos, a)
+                fh.write(b"\0" * (start - pos))
+                fh.write(view)
+                pos = start + len(view)
+                _external(inits[name], "model.onnx.data", start, len(view))
+        written["model.onnx.data"] = pos
+        onnx.save_model(out_model, str(stage / "model.onnx"))
+        written["model.onnx"] = (stage / "model.onnx").stat().st_size
+        report("weights", 1, 1)
+
+        # ---- header ---------------------------------------------------------------------------------
+        entries = writer.entries
+        operators = []
+        for f in fg.fused:
+            operators.append({
+                "name": f.name, "op_type": f.op_type, "function": f"{DOMAIN}.{f.function}", "layer": f.layer, "device": "npu",
+                "meta": f"cache/{f.name}_meta.json", "inputs": f.inputs, "outputs": f.outputs,
+                "tensors": [{"role": role, **entries[name]} for role, name in f.weights if name in entries],
+                "cpu_inputs": [name for role, name in f.weights if name not in entries],
+            })
+        dims = {"layers": int(dec["num_hidden_layers"]), "num_heads": int(dec["num_attention_heads"]), "kv_heads": int(dec["num_key_value_heads"]),
+                "head_size": int(dec["head_size"]), "hidden_size": int(dec["hidden_size"]), "vocab_size": int(genai["model"]["vocab_size"])}
+        header = {
+            "format": formats.HEADER_FORMAT, "format_version": formats.FORMAT_VERSION,
+            "generator": "raipack fuse (reference backend)", "weights_file": "model.bin", "weights_size": written["model.bin"],
+            "alignment": ALIGNMENT, "graph": "model.onnx", "profile": profile["id"], "release": profile.get("release"),
+            "model": dims, "packing": {"MatMulNBits": formats.MATMULNBITS_PACKING},
+            "tiers": {"prefill": L["prefill"], "token": L["token"], "max_length": L["max_length"], "node": NODE},
+            "operators": operators, "cpu_nodes": fg.cpu_nodes,
+        }
+        header_bytes = formats.encode_header(header)
+        (stage / "model.pb.bin").write_bytes(header_bytes)
+        written["model.pb.bin"] = len(header_bytes)
+        header_sha = formats.sha256_hex(header_bytes)
+        graph_sha = formats.sha256_file(stage / "model.onnx")
+
+        # ---- cache/: descriptor + meta per fused node -------------------------------------------------
+        cache = stage / "cache"
+        cache.mkdir()
+        for f, op in zip(fg.fused, operators):
+            attrs = {ref: _attr_value(a) for ref, a in f.attrs.items()}
+            desc = formats.encode_const({"format": "raipack-node-descriptor", "format_version": 1, "node": f.name, "op_type": f.op_type,
+                                         "layer": f.layer, "attrs": attrs, "inputs": f.inputs, "outputs": f.outputs,
+                                         "tensors": [{k: t[k] for k in ("role", "name", "offset", "size", "dtype", "shape")} for t in op["tensors"]],
+                                         "header_sha256": header_sha})
+            (cache / f"{f.name}.const").write_bytes(desc)
+            tmap = {"descriptor": {"file_name": f"{f.name}.const", "file_size": len(desc)}}
+            for t in op["tensors"]:
+                tmap[t["role"]] = {"packed_buffer_label": "model.bin", "offset": t["offset"], "size_in_bytes": t["size"]}
+            ops = f.npu_ops()
+            for o in ops:
+                if o["type"] == "MladfMatMul":
+                    o["attrs"]["total_seq_len"] = L["max_length"]
+            written[f"cache/{f.name}_meta.json"] = _json(cache / f"{f.name}_meta.json", {
+                "dd_meta_major_version": 1, "dd_meta_minor_version": 4, "op_list": ops, "tensor_map": tmap, "state_table_updates": [],
+                "raipack": {"format": "raipack-cache-meta", "format_version": 1, "node": f.name, "op_type": f.op_type, "layer": f.layer,
+                            "header": "model.pb.bin", "note": "raipack's open layout; not AMD's dynamic-dispatch format"}})
+            written[f"cache/{f.name}.const"] = len(desc)
+        report("cache", 1, 1)
+
+        # ---- dd_metastate_* plans, one per tier --------------------------------------------------------
+        kvh, hs = dims["kv_heads"], dims["head_size"]
+        weights = {t.name for t in out_model.graph.initializer}
+        jobs = [("prefill", t, t, _token_window(L["token"], t)) for t in L["prefill"]] + [("token", t, 1, t) for t in L["token"]]
+        for k, (phase, tier, seq, window) in enumerate(jobs):
+            feeds = {fg.io["input_ids"]: ("int64", [1, seq]), fg.io["attention_mask"]: ("int64", [1, window])}
+            for pair in fg.io["past"]:
+                for n in pair:
+                    feeds[n] = ("float32", [1, kvh, window, hs])
+            try:
+                steps, info = static_schedule(out_model, feeds)
+            except ShapeError as err:
+                raise FuseError(f"cannot plan the {phase} tier {tier}: {err}", "the graph has an operator the plan builder does not know; please report it") from None
+            plan = formats.build_plan(phase=phase, tier=tier, seq=seq, window=window, max_length=L["max_length"], node=NODE, model=dims,
+                                      steps=steps, info=info, io=fg.io, weights=weights)
+            problems = formats.plan_problems(plan, phase=phase, tier=tier)
+            if problems:
+                raise FuseError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", "this is a raipack bug; please report it")
+            stem = formats.metastate_stem(phase, NODE, tier)
+            plan_bytes = (json.dumps(plan, indent=1) + "\n").encode("utf-8")
+            (stage / f"{stem}.plan").write_bytes(plan_bytes)
+            state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
+                                          "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": header_sha, "graph_sha256": graph_sha})
+            (stage / f"{stem}.state").write_bytes(state)
+            written[f"{stem}.plan"] = len(plan_bytes)
+            written[f"{stem}.state"] = len(state)
+            report("plans", k + 1, len(jobs))
+
+        # ---- configs, tokenizer, card ----------------------------------------------------------------
+        copied = []
+        for name in CONFIG_FILES:
+            for d in (export_dir, quark_dir):
+                if d and (d / name).is_file():
+                    shutil.copy2(d / name, stage / name)
+                    copied.append(name)
+                    break
+        gen_cfg = {}
+        if (stage / "generation_config.json").is_file():
+            gen_cfg = json.loads((stage / "generation_config.json").read_text("utf-8"))
+        new_genai = _genai_config(genai, profile, L, gen_cfg)
+        written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
+        written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
+        written["config.json"] = _json(stage / "config.json", model_config)
+        card = _readme(model_config, profile, L, fg, written, findings)
+        (stage / "README.md").write_text(card, "utf-8")
+        written["README.md"] = len(card.encode())
+        for name in copied:
+            written.setdefault(name, (stage / name).stat().st_size)
+
+        old = None
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.replace(out_dir, old / "x")
+        os.replace(stage, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    finally:
+        src.close()
+
+    return {
+        "backend": "reference",
+        "profile": profile["id"],
+        "seconds": round(time.perf_counter() - t0, 3),
+        "fused_nodes": [{"name": f.name, "op_type": f.op_type, "layer": f.layer, "members": [n.name for n in f.members]} for f in fg.fused],
+        "fused_counts": _counts(fg.fused),
+        "cpu_nodes": fg.cpu_nodes,
+        "npu_tensors": len(fg.npu_initializers),
+        "cpu_tensors": len(fg.cpu_initializers),
+        "bytes_written": sum(written.values()),
+        "files": written,
+        "lengths": L,
+        "findings": findings,
+        "npu_complete": not any(f["severity"] == "error" for f in findings),
+        "summary": f"{len(fg.fused)} fused nodes, {len(L['prefill'])} prefill + {len(L['token'])} token tiers, max_length {L['max_length']}",
+    }
+
+
+def _counts(fused) -> dict:
+    out: dict[str, int] = {}
+    for f in fused:
+        out[f.op_type] = out.get(f.op_type, 0) + 1
+    return out
+
+
+def _genai_config(genai: dict, profile: dict, L: dict, gen_cfg: dict) -> dict:
+    doc = json.loads(json.dumps(genai))
+    dec = doc["model"]["decoder"]
+    opts_rules = profile["genai"]["options"]
+    opts = {"hybrid_opt_token_backend": "npu", "hybrid_opt_max_seq_length": str(L["npu_seq"])}
+    if "hybrid_opt_chunk_context" in opts_rules:
+        opts["hybrid_opt_chunk_context"] = "1" if L["chunked"] else "0"
+        if L["chunked"] and "hybrid_opt_chunk_context_threshold" in opts_rules:
+            opts["hybrid_opt_chunk_context_threshold"] = "1"
+    opts["external_data_file"] = "model.pb.bin"
+    if "fusion_opt_io_bind_kv_cache" in opts_rules:
+        opts["fusion_opt_io_bind_kv_cache"] = "1"
+    if "max_length_for_kv_cache" in opts_rules:
+        opts["max_length_for_kv_cache"] = str(L["max_length"])
+    session = dict(dec.get("session_options") or {})
+    session.setdefault("log_id", "onnxruntime-genai")
+    session["provider_options"] = [{"RyzenAI": opts}]
+    dec["session_options"] = session
+    dec["filename"] = "model.onnx"
+    search = doc.setdefault("search", {})
+    search["max_length"] = L["max_length"]
+    if L["chunk_size"]:
+        search["chunk_size"] = L["chunk_size"]
+    else:
+        search.pop("chunk_size", None)
+    search["past_present_share_buffer"] = True
+    search["num_beams"] = 1
+    for key in SAMPLING_KEYS:
+        if key in gen_cfg and gen_cfg[key] is not None:
+            search[key] = gen_cfg[key]
+    return doc
+
+
+def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findings: list) -> str:
+    name = model_config.get("_name_or_path") or (model_config.get("architectures") or ["model"])[0]
+    name = str(name).rstrip("/").rsplit("/", 1)[-1] or "model"
+    w = (model_config.get("quantization_config") or {}).get("global_quant_config", {}).get("weight", {})
+    counts = _counts(fg.fused)
+    lines = [
+        f"# {name} — raipack reference package ({profile['id']})", "",
+        "This folder follows the file layout of AMD's Ryzen AI 1.8 NPU packages (`model.onnx`, `model.onnx.data`, "
+        "`model.bin`, `model.pb.bin`, `cache/`, `dd_metastate_*`, `genai_config.json`, `rai_config.json`).", "",
+        "**The binary files (`model.bin`, `model.pb.bin`, `cache/*.const`, `dd_metastate_*`) are in raipack's own documented "
+        "open format (docs/formats.md in the raipack repository). They are NOT loadable by AMD's proprietary Ryzen AI runtime "
+        "or by `model_generate` output consumers; only raipack's reference runtime executes this package (on the CPU, the way "
+        "the NPU runtime would: static KV buffer, prompts padded to a tier, one token at a time).**", "",
+        "## Contents", "",
+        f"- Quantization: {w.get('dtype', 'uint4')}, group size {w.get('group_size', '?')}, "
+        f"{'symmetric' if w.get('symmetric') else 'asymmetric'} (Quark; `config.json` keeps its `quantization_config`).",
+        f"- Fused operators (domain `ai.raipack`, each an ONNX local function): " + ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items())) + ".",
+        f"- Maximum length {L['max_length']} tokens; prefill tiers {L['prefill']}; token tiers {L['token']}; "
+        f"chunked prefill {'on (chunk ' + str(L['chunk_size'] or L['npu_seq']) + ')' if L['chunked'] else 'off'}.",
+        f"- Longest prompt per Ryzen AI version (`rai_config.json`): " + ", ".join(f"{v}: {n}" for v, n in sorted(L["max_prompt_length"].items())) + ".",
+        f"- `model.bin` {written.get('model.bin', 0)} bytes (NPU side), `model.onnx.data` {written.get('model.onnx.data', 0)} bytes (CPU side).",
+    ]
+    left = [n for n in fg.cpu_nodes if n["why"] == "not fused"]
+    if left or findings:
+        lines += ["", "## Not on the NPU", ""]
+        lines += [f"- {f['severity']}: {f['message']}" for f in findings]
+    lines += ["", "## Run it", "", "```python", "from stages.fuse.runtime import ReferenceRuntime",
+              "rt = ReferenceRuntime(\"<this folder>\")", "tokens = rt.generate(prompt_ids, max_new_tokens=64)", "```", ""]
+    return "\n".join(lines)

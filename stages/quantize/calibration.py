@@ -1,0 +1,128 @@
+"""Calibration data for the quantize stage.
+
+A small offline English corpus ships with the package (``data/calib.txt``, original prose
+written for this project) plus a separate held-out set for perplexity (``data/heldout.txt``).
+Users may pass their own ``.txt`` (plain text) or ``.jsonl`` (one ``{"text": ...}`` object
+per line) file.
+
+Samples are cut from one token stream (documents joined by the EOS token) into
+non-overlapping windows of ``seq_len`` tokens; ``num_samples`` windows are taken evenly
+spread over the corpus, so a few samples still cover many topics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_CALIBRATION = DATA_DIR / "calib.txt"
+HELDOUT = DATA_DIR / "heldout.txt"
+SUPPORTED_SUFFIXES = (".txt", ".jsonl")
+
+
+class CalibrationError(ValueError):
+    """Calibration data is missing, unreadable or too small; str() names the file (and line)."""
+
+
+def _line_of(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def read_texts(path: Path) -> list[str]:
+    """The documents of a ``.txt`` (paragraphs, blank-line separated) or ``.jsonl`` file."""
+    path = Path(path)
+    if path.suffix not in SUPPORTED_SUFFIXES:
+        raise CalibrationError(
+            f"{path}: unsupported calibration file type '{path.suffix}'; expected .txt or .jsonl"
+        )
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CalibrationError(f"{path}: calibration file not found") from None
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read calibration file: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CalibrationError(
+            f"{path}:{_line_of(data, exc.start)}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    if not text.strip():
+        raise CalibrationError(f"{path}: calibration file is empty")
+
+    if path.suffix == ".txt":
+        docs, current = [], []
+        for line in text.splitlines():
+            if line.strip():
+                current.append(line.rstrip())
+            elif current:
+                docs.append("\n".join(current))
+                current = []
+        if current:
+            docs.append("\n".join(current))
+        return docs
+
+    docs = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CalibrationError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(obj, dict) or "text" not in obj:
+            raise CalibrationError(f'{path}:{lineno}: expected an object with a "text" field, got {line[:60]!r}')
+        if not isinstance(obj["text"], str):
+            raise CalibrationError(
+                f'{path}:{lineno}: "text" must be a string, got {type(obj["text"]).__name__}'
+            )
+        if obj["text"].strip():
+            docs.append(obj["text"])
+    if not docs:
+        raise CalibrationError(f'{path}: no line has a non-empty "text" field')
+    return docs
+
+
+def tokenize_texts(
+    texts: Sequence[str], tokenizer: Any, num_samples: int, seq_len: int, *, source: str = "calibration texts"
+) -> list[Any]:
+    """``num_samples`` int64 tensors of shape ``[1, seq_len]`` cut from ``texts``."""
+    import torch
+
+    if num_samples < 1 or seq_len < 1:
+        raise CalibrationError(f"{source}: num_samples and seq_len must be >= 1, got {num_samples} and {seq_len}")
+    docs = [t for t in texts if isinstance(t, str) and t.strip()]
+    if not docs:
+        raise CalibrationError(f"{source}: no non-empty text to calibrate with")
+    sep = getattr(tokenizer, "eos_token_id", None)
+    stream: list[int] = []
+    for doc in docs:
+        ids = tokenizer(doc, add_special_tokens=False)["input_ids"]
+        stream.extend(ids)
+        if sep is not None:
+            stream.append(int(sep))
+    windows = len(stream) // seq_len
+    if windows < num_samples:
+        raise CalibrationError(
+            f"{source}: {len(stream)} tokens give {windows} windows of {seq_len} tokens, "
+            f"{num_samples} samples were asked for; use fewer or shorter samples or a larger file"
+        )
+    # evenly spread windows over the corpus
+    picks = [(i * windows) // num_samples for i in range(num_samples)]
+    return [
+        torch.tensor(stream[w * seq_len : (w + 1) * seq_len], dtype=torch.long).unsqueeze(0) for w in picks
+    ]
+
+
+def load_calibration(path: Path | None, tokenizer: Any, num_samples: int, seq_len: int) -> list[Any]:
+    """Calibration samples from ``path`` (.txt or .jsonl), or the bundled corpus when ``None``."""
+    path = DEFAULT_CALIBRATION if path is None else Path(path)
+    return tokenize_texts(read_texts(path), tokenizer, num_samples, seq_len, source=str(path))
+
+
+def heldout_text() -> str:
+    """The held-out paragraphs used for perplexity (never used for calibration)."""
+    return HELDOUT.read_text(encoding="utf-8")

@@ -1,0 +1,128 @@
+"""The `smoke` stage: load the package and answer prompts on the NPU when one
+answers; otherwise say exactly why and run the reference runtime on the CPU,
+marked `cpu-reference` — never reported as an NPU run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pipeline.errors import RaipackError
+from pipeline.stage import Job, Stage
+
+PROMPT = "What is the capital of France?"
+FILLER = "The quick brown fox jumps over the lazy dog while the river runs to the sea. "
+
+
+@dataclass(frozen=True)
+class SmokeConfig:
+    require_npu: bool = False  # fail instead of falling back to the CPU reference runtime
+    max_new_tokens: int = 64  # decode steps checked for NaN on the fixed prompt
+    tier_new_tokens: int = 4  # decode steps on each prefill-tier prompt
+    max_tier: int = 4096  # longest prefill-tier prompt to run (the CPU reference is slow at 16K)
+    threads: int | None = None
+
+
+def tier_prompt(tokenizer, length: int) -> list[int]:
+    """A prompt of exactly `length` tokens (plain text, no chat template)."""
+    ids = tokenizer(FILLER * (length // 8 + 4))["input_ids"]
+    return ids[:length]
+
+
+def run(job: Job) -> dict:
+    from stages.fuse.runtime import ReferenceRuntime, RuntimeRefusal
+    from stages.ortloop import OrtDecoder
+
+    from .chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
+    from .npu import try_npu
+
+    cfg: SmokeConfig = job.config
+    pkg, export = job.inputs["fuse"], job.inputs["export"]
+    tok = load_tokenizer(pkg)
+    fixed = chat_ids(tok, PROMPT)
+    attempt = try_npu(pkg, [fixed], cfg.max_new_tokens)
+    report = {"npu": {"ok": attempt.ok, "reason": attempt.reason}}
+    if attempt.ok:
+        report.update(device="npu", answer=tok.decode(attempt.tokens[0], skip_special_tokens=True))
+        runtime = None
+    else:
+        job.progress.line(f"  NPU not used: {attempt.reason}", "yellow")
+        if cfg.require_npu:
+            raise RaipackError(f"the package did not run on the NPU: {attempt.reason}", "install the Ryzen AI runtime and set RYZENAI_EP_PATH, or drop --require-npu")
+        runtime = ReferenceRuntime(pkg, threads=cfg.threads)
+        report["device"] = "cpu-reference"
+    if runtime is None:
+        return _summarize(report)
+
+    reference = OrtDecoder(export, threads=cfg.threads)
+    main = timed_generate(runtime, fixed, cfg.max_new_tokens, stop_at_eos=False)
+    expected, _ = reference.greedy(fixed, cfg.max_new_tokens)
+    answer_tokens = main.tokens[: next((i + 1 for i, t in enumerate(main.tokens) if t in runtime.eos_token_ids), len(main.tokens))]
+    report.update(answer=tok.decode(answer_tokens, skip_special_tokens=True).strip(), finite=main.finite,
+                  tokens_match_export=list(main.tokens) == list(expected), ttft_s={str(len(fixed)): round(main.ttft, 4)},
+                  decode_tokens_per_s=round(main.decode_tps, 1))
+    tiers = [t for t in runtime.prefill_tiers if t <= min(cfg.max_tier, runtime.max_prompt_length)]
+    per_tier = []
+    with job.progress.task("prefill tiers", len(tiers)) as advance:
+        for i, t in enumerate(tiers):
+            low = tiers[i - 1] if i else 0
+            length = max(low + 1, t - 3)  # inside the tier, above the one below
+            ids = tier_prompt(tok, length)
+            got = timed_generate(runtime, ids, cfg.tier_new_tokens, stop_at_eos=False)
+            want, _ = reference.greedy(ids, cfg.tier_new_tokens)
+            per_tier.append({"tier": t, "prompt_tokens": len(ids), "ttft_s": round(got.ttft, 4), "finite": got.finite, "tokens_match_export": list(got.tokens) == list(want)})
+            report["ttft_s"][str(len(ids))] = round(got.ttft, 4)
+            advance()
+    report["tiers"] = per_tier
+    over = runtime.max_prompt_length + 1
+    try:
+        runtime.generate([tok.eos_token_id or 0] * over, 1)
+        report["overlong_prompt_refused"] = False
+    except RuntimeRefusal as exc:
+        report["overlong_prompt_refused"] = True
+        report["overlong_prompt_message"] = str(exc)
+    report["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    report["expected_answer"] = job.recipe.expected_answer
+    problems = _problems(report, job.recipe.expected_answer)
+    report["problems"] = problems
+    if problems:
+        raise RaipackError(f"smoke test failed: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), "see the smoke report; rebuild with --force from the failing stage")
+    return _summarize(report)
+
+
+def _problems(r: dict, expected: str | None) -> list[str]:
+    out = []
+    if not r.get("finite", True) or not all(t["finite"] for t in r.get("tiers", [])):
+        out.append("non-finite logits (NaN or Inf)")
+    if not r.get("tokens_match_export", True):
+        out.append("greedy tokens differ from the unfused export on the fixed prompt")
+    out += [f"prefill tier {t['tier']}: tokens differ from the export" for t in r.get("tiers", []) if not t["tokens_match_export"]]
+    if not r.get("overlong_prompt_refused", True):
+        out.append("a prompt longer than max_prompt_length was not refused")
+    if expected and expected.lower() not in r.get("answer", "").lower():
+        out.append(f"the answer {r.get('answer', '')!r} does not contain {expected!r}")
+    return out
+
+
+def _summarize(report: dict) -> dict:
+    report["summary"] = f"{report['device']}: {report.get('answer', '')[:60]!r}" + (f", {report['decode_tokens_per_s']} tok/s" if "decode_tokens_per_s" in report else "")
+    report["quality"] = {"device": report["device"], "answer": report.get("answer", ""), "tokens_match_export": report.get("tokens_match_export")}
+    return report
+
+
+def run_and_record(job: Job) -> dict:
+    report = run(job)
+    (job.workdir / "smoke.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+STAGE = Stage(
+    name="smoke",
+    version="1",
+    config=SmokeConfig,
+    inputs=("fuse", "export"),
+    output_profile=lambda job: None,
+    run=run_and_record,
+    tools=("onnxruntime", "onnxruntime-genai", "transformers"),
+    kind="smoke",
+)

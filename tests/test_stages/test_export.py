@@ -1,0 +1,291 @@
+"""Export stage: builder wrapper, output contract checks, the plain-onnxruntime loop, parity."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest_export import (  # noqa: E402,F401  (fixtures are used by name)
+    HELDOUT_TEXT,
+    PROMPTS,
+    oga_default,
+    oga_quantized_head,
+    tiny_quark,
+)
+
+from stages.export import contract  # noqa: E402
+from stages.export.contract import (  # noqa: E402
+    check_export,
+    external_data_refs,
+    io_contract,
+    matmulnbits_agreement,
+)
+
+
+def _load(folder: Path) -> onnx.ModelProto:
+    return onnx.load(str(folder / "model.onnx"), load_external_data=False)
+
+
+def _genai(folder: Path) -> dict:
+    return json.loads((folder / "genai_config.json").read_text())
+
+
+def _ops(model) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def _pointers(findings) -> set[str]:
+    return {f["pointer"] for f in findings}
+
+
+# --- builder -------------------------------------------------------------------------------------
+
+
+def test_default_export_keeps_quark_exclusions_float(oga_default, tiny_quark):
+    folder, report = oga_default
+    model = _load(folder)
+    ops = _ops(model)
+    assert ops["GatherBlockQuantized"] == 0
+    assert ops["MatMulNBits"] == 2 * 5  # qkv (packed), o, gate, up, down per layer; no lm_head
+    lm_head = [n for n in model.graph.node if n.name.startswith("/lm_head/")]
+    assert [n.op_type for n in lm_head] == ["MatMul"]
+    assert all(
+        {a.name: a.i for a in n.attribute}["block_size"] == 128 for n in model.graph.node if n.op_type == "MatMulNBits"
+    )
+    assert report["nodes_to_exclude"] == ["/lm_head/MatMul", "/model/embed_tokens/Gather"]
+    assert report["extra_options"]["accuracy_level"] == "1"  # float activations, as Quark's weight-only scheme
+    assert report["quark"] == {"group_size": 128, "bits": 4, "symmetric": False, "exclude": ["lm_head"]}
+    assert report["builder_version"].startswith("0.18")
+    names = {f["path"] for f in report["files"]}
+    assert {"model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json", "chat_template.jinja",
+            "generation_config.json"} <= names
+    assert check_export(folder, tiny_quark.quant_config) == []
+    # staging and cache folders are gone
+    assert [p.name for p in folder.parent.iterdir()] == ["oga"]
+
+
+def test_builder_quantization_of_lm_head_is_caught(oga_quantized_head, tiny_quark):
+    folder, report = oga_quantized_head
+    model = _load(folder)
+    assert "nodes_to_exclude" not in report["extra_options"]
+    ops = _ops(model)
+    assert ops["GatherBlockQuantized"] == 1
+    head = [n for n in model.graph.node if n.name.startswith("/lm_head/")]
+    assert head[0].op_type == "MatMulNBits"
+    findings = matmulnbits_agreement(model, tiny_quark.quant_config)
+    assert _pointers(findings) == {head[0].name, "/model/embed_tokens/GatherBlockQuantized"}
+    assert any("Quark excluded lm_head" in f["message"] for f in findings)
+    assert all(f["hint"] for f in findings)
+
+
+def test_export_replaces_existing_folder_and_rejects_non_quark(tiny_quark, tmp_path):
+    from stages.export.builder import ExportError, export
+
+    out = tmp_path / "oga"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    report = export(tiny_quark.quark_dir, out, extra_options={"num_hidden_layers": 1})
+    assert not (out / "stale.txt").exists()
+    assert _genai(out)["model"]["decoder"]["num_hidden_layers"] == 1
+    assert report["extra_options"]["num_hidden_layers"] == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["oga"]
+    with pytest.raises(ExportError, match="quant_method"):
+        export(tiny_quark.fp_dir, tmp_path / "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["oga"]
+
+
+def test_hybrid_profile_export_runs_with_position_ids(tiny_quark, tmp_path, oga_default):
+    from stages.export.builder import PROFILES, export
+    from stages.ortloop import OrtDecoder
+
+    out = tmp_path / "hybrid"
+    export(tiny_quark.quark_dir, out, **PROFILES["hybrid"])
+    assert check_export(out, tiny_quark.quant_config) == []
+    dec = OrtDecoder(out)
+    assert dec.has_position_ids
+    ref = OrtDecoder(oga_default[0])
+    ids = [5, 60, 70, 80, 90]
+    cos = [float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(dec.logits(ids), ref.logits(ids))]
+    assert min(cos) > 0.999
+
+
+# --- contract checks -----------------------------------------------------------------------------
+
+
+def test_io_contract_flags_renamed_input(oga_default):
+    folder, _ = oga_default
+    model, genai = _load(folder), _genai(folder)
+    assert io_contract(model, genai) == []
+    model.graph.input[1].name = "attn_mask"
+    found = io_contract(model, genai)
+    assert {"attention_mask", "attn_mask"} <= _pointers(found)
+
+
+def test_io_contract_flags_missing_present_output(oga_default):
+    folder, _ = oga_default
+    model, genai = _load(folder), _genai(folder)
+    keep = [o for o in model.graph.output if o.name != "present.1.value"]
+    del model.graph.output[:]
+    model.graph.output.extend(keep)
+    found = io_contract(model, genai)
+    assert _pointers(found) == {"present.1.value"}
+    assert "layer 1" in found[0]["message"]
+
+
+def test_io_contract_flags_wrong_kv_heads_and_head_size(oga_default):
+    folder, _ = oga_default
+    model, genai = _load(folder), _genai(folder)
+    bad = copy.deepcopy(genai)
+    bad["model"]["decoder"]["num_key_value_heads"] = 4
+    found = io_contract(model, bad)
+    assert "past_key_values.0.key" in _pointers(found)
+    assert "/model/layers.0/attn/GroupQueryAttention" in _pointers(found)
+    bad = copy.deepcopy(genai)
+    bad["model"]["decoder"]["head_size"] = 32
+    assert any("head_size=32" in f["message"] for f in io_contract(model, bad))
+    bad = copy.deepcopy(genai)
+    bad["model"]["decoder"]["num_hidden_layers"] = 3
+    assert "past_key_values.2.key" in _pointers(io_contract(model, bad))
+
+
+def test_matmulnbits_agreement_flags_block_size_and_zero_points(oga_default, tiny_quark):
+    folder, _ = oga_default
+    model = _load(folder)
+    assert matmulnbits_agreement(model, tiny_quark.quant_config) == []
+    node = next(n for n in model.graph.node if n.name == "/model/layers.1/mlp/down_proj/MatMulNBits")
+    next(a for a in node.attribute if a.name == "block_size").i = 32
+    found = matmulnbits_agreement(model, tiny_quark.quant_config)
+    assert _pointers(found) == {node.name}
+    assert "block_size=32" in found[0]["message"] and "group_size=128" in found[0]["message"]
+    del node.input[3]
+    assert len(matmulnbits_agreement(model, tiny_quark.quant_config)) == 2
+
+
+def test_matmulnbits_agreement_reads_layer_quant_config(oga_default, tiny_quark):
+    model = _load(oga_default[0])
+    qc = copy.deepcopy(tiny_quark.quant_config)
+    qc["layer_quant_config"] = {"*.mlp.down_proj": {"weight": dict(qc["global_quant_config"]["weight"], group_size=64)}}
+    found = matmulnbits_agreement(model, qc)
+    assert _pointers(found) == {f"/model/layers.{i}/mlp/down_proj/MatMulNBits" for i in range(2)}
+    qc = copy.deepcopy(tiny_quark.quant_config)
+    qc["exclude"] = ["lm_head", "*.layers.0.mlp.*"]
+    found = matmulnbits_agreement(model, qc)
+    assert _pointers(found) == {f"/model/layers.0/mlp/{p}/MatMulNBits" for p in ("gate_proj", "up_proj", "down_proj")}
+
+
+def test_external_data_refs(oga_default, tmp_path):
+    folder, _ = oga_default
+    model = _load(folder)
+    assert external_data_refs(model, folder) == []
+    size = (folder / "model.onnx.data").stat().st_size
+    t = next(t for t in model.graph.initializer if t.name.endswith("down_proj.MatMulNBits.qweight"))
+    entry = {e.key: e for e in t.external_data}
+    entry["offset"].value = str(size - 10)
+    found = external_data_refs(model, folder)
+    assert _pointers(found) == {t.name} and str(size) in found[0]["message"]
+    entry["offset"].value = "0"
+    entry["location"].value = "../model.onnx.data"
+    assert "outside the model folder" in external_data_refs(model, folder)[0]["message"]
+    entry["location"].value = "/etc/passwd"
+    assert "outside the model folder" in external_data_refs(model, folder)[0]["message"]
+    entry["location"].value = "missing.data"
+    assert "does not exist" in external_data_refs(model, folder)[0]["message"]
+    entry["location"].value = "model.onnx.data"
+    entry["length"].value = "7"
+    assert "needs" in external_data_refs(model, folder)[0]["message"]
+
+
+def test_check_export_folder_level(oga_default, tmp_path):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(oga_default[0], folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m }")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    ids = {f["check_id"] for f in check_export(folder)}
+    assert ids == {"export.chat_template"}
+    (folder / "chat_template.jinja").unlink()
+    assert "no chat template" in check_export(folder)[0]["message"]
+    (folder / "model.onnx").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n")
+    assert {f["check_id"] for f in check_export(folder)} >= {"export.graph"}
+
+
+def test_name_mapping_helpers():
+    assert contract.hf_to_node("model.layers.3.self_attn.q_proj") == "/model/layers.3/attn/q_proj/MatMul"
+    assert contract.hf_to_node("model.layers.0.mlp.down_proj") == "/model/layers.0/mlp/down_proj/MatMul"
+    assert contract.hf_to_node("lm_head") == "/lm_head/MatMul"
+    assert contract.hf_to_node("model.embed_tokens") is None
+    assert contract.node_to_hf("/model/layers.2/attn/qkv_proj/MatMulNBits")[:3] == [
+        "model.layers.2.self_attn.q_proj", "model.layers.2.self_attn.k_proj", "model.layers.2.self_attn.v_proj"]
+    assert contract.node_to_hf("/lm_head/MatMul_Q4") == ["lm_head"]
+    old = {"exclude": [], "global_quant_config": {"weight": {"dtype": "uint4", "group_size": 128, "symmetric": False}},
+           "layer_quant_config": {"lm_head": {"weight": {"dtype": "uint4", "group_size": 32, "symmetric": False}}}}
+    assert contract.layer_weight_spec(old, "lm_head")["group_size"] == 32
+    assert contract.layer_weight_spec(old, "model.layers.0.mlp.up_proj")["group_size"] == 128
+    assert contract.layer_weight_spec({**old, "exclude": ["*lm_head"]}, "lm_head") is None
+
+
+# --- plain onnxruntime loop and parity -----------------------------------------------------------
+
+
+def test_ortdecoder_matches_onnxruntime_genai(oga_default, tiny_quark):
+    import onnxruntime_genai as og
+
+    from stages.ortloop import OrtDecoder
+
+    folder, _ = oga_default
+    dec = OrtDecoder(folder, threads=2)
+    tok = og.Tokenizer(str(folder))
+    model = og.Model(str(folder))
+    for prompt in PROMPTS:
+        ids = [int(i) for i in tok.encode(prompt)]
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + 24, do_sample=False)
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids)
+        oga_tokens, oga_logits = [], []
+        while not gen.is_done():
+            oga_logits.append(np.array(gen.get_logits())[0, -1].copy())
+            gen.generate_next_token()
+            oga_tokens.append(int(gen.get_next_tokens()[0]))
+        mine, rows = dec.greedy(ids, 24, stop_at_eos=True)
+        assert mine == oga_tokens
+        assert np.array_equal(rows[0], oga_logits[0])
+        assert dec.greedy(ids, 24, stop_at_eos=True, chunk_size=2)[0] == mine
+    assert len(set(mine)) > 1  # the trained tiny model does not just repeat one token
+
+
+def test_parity_with_transformers(oga_default, tiny_quark):
+    from stages.export.parity import parity
+
+    report = parity(tiny_quark.quark_dir, oga_default[0], PROMPTS, HELDOUT_TEXT, steps=32)
+    assert report["greedy_identical"], [(p["tokens_onnx"], p["tokens_transformers"]) for p in report["prompts"]]
+    assert report["cosine_min"] > 0.99
+    assert report["matmulnbits_accuracy_levels"] == [1]
+    assert report["dequantized_modules"] == 2 * 7
+    assert all(len(p["tokens_onnx"]) == 32 for p in report["prompts"])
+    ppl = report["perplexity"]
+    assert ppl["tokens"] > 20 and abs(ppl["ratio"] - 1) < 0.02
+    json.dumps(report)
+
+
+def test_excluded_nodes_follow_quark_patterns(tiny_quark):
+    from stages.export.builder import excluded_nodes
+
+    config = json.loads((tiny_quark.quark_dir / "config.json").read_text())
+    qc = dict(tiny_quark.quant_config, exclude=["lm_head", "*.layers.1.mlp.down_proj"])
+    assert excluded_nodes(tiny_quark.quark_dir, config, qc) == [
+        "/lm_head/MatMul", "/model/layers.1/mlp/down_proj/MatMul", "/model/embed_tokens/Gather"]
+    untied = dict(config, tie_word_embeddings=False)
+    assert "/model/embed_tokens/Gather" not in excluded_nodes(tiny_quark.quark_dir, untied, qc)

@@ -1,0 +1,500 @@
+"""Fuse stage, reference backend: the fused package, its formats, its runtime and its checks.
+
+The model is conftest_export's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
+exported by the OGA builder with a 16384-position context so both reference profiles apply as they
+are. Parity is against the plain onnxruntime loop over the unfused export (stages/ortloop.py, itself
+checked against onnxruntime-genai): 64 greedy tokens identical and logits within 1e-3, at a prompt
+length inside every prefill tier, across a token-tier boundary and through chunked prefill.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest_export import TRAIN_TEXT, oga_default, tiny_quark  # noqa: E402,F401  (fixtures used by name)
+
+from stages.fuse import formats  # noqa: E402
+
+STEPS = 64
+TOL = 1e-3
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="session")
+def oga16k(tiny_quark, tmp_path_factory) -> Path:
+    """The tiny Quark export with a 16K context, exported with the OGA builder (int4, cpu)."""
+    from stages.export.builder import export
+
+    root = tmp_path_factory.mktemp("fuse-oga")
+    quark = root / "quark"
+    shutil.copytree(tiny_quark.quark_dir, quark)
+    cfg = json.loads((quark / "config.json").read_text())
+    cfg["max_position_embeddings"] = 16384
+    (quark / "config.json").write_text(json.dumps(cfg, indent=2))
+    export(quark, root / "oga")
+    return root / "oga"
+
+
+@pytest.fixture(scope="session")
+def packages(oga16k, tmp_path_factory) -> dict:
+    """profile id → (package folder, fuse report); manifest written as the runner would."""
+    from factory import write_manifest
+    from pipeline.profile import get as get_profile
+    from stages.fuse.reference import fuse
+
+    root = tmp_path_factory.mktemp("fuse-pkg")
+    out = {}
+    for pid in ("reference-4K", "reference-16K"):
+        pkg = root / pid
+        report = fuse(oga16k, pkg, get_profile(pid), quark_dir=oga16k.parent / "quark")
+        write_manifest(pkg)
+        out[pid] = (pkg, report)
+    return out
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(oga16k):
+    from tokenizers import Tokenizer
+
+    base = Tokenizer.from_file(str(oga16k / "tokenizer.json")).encode(TRAIN_TEXT).ids
+
+    def make(n: int) -> list[int]:
+        return (base * (n // len(base) + 1))[:n]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def reference(oga16k):
+    """greedy(prompt) → (tokens, logits rows) of the unfused export, cached per prompt."""
+    from stages.ortloop import OrtDecoder
+
+    dec = OrtDecoder(oga16k, threads=2)
+    cache = {}
+
+    def greedy(prompt):
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = dec.greedy(prompt, STEPS)
+        return cache[key]
+
+    return greedy
+
+
+@pytest.fixture(scope="session")
+def runtimes(packages):
+    from stages.fuse.runtime import ReferenceRuntime
+
+    return {pid: ReferenceRuntime(pkg, threads=2) for pid, (pkg, _) in packages.items()}
+
+
+def _copy(pkg: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / pkg.name
+    shutil.copytree(pkg, dst)
+    return dst
+
+
+def _validate(pkg: Path, **kw):
+    from pipeline.validate import validate
+
+    return validate(pkg, **kw)
+
+
+def _ids(result) -> set[str]:
+    return {f.check_id for f in result.findings}
+
+
+def _assert_parity(rt, reference, prompt):
+    want_tokens, want_rows = reference(prompt)
+    rt.calls.clear()
+    tokens, rows = rt.generate(prompt, STEPS, return_logits=True)
+    assert tokens == want_tokens
+    assert np.abs(rows[0] - want_rows[0]).max() <= TOL  # last prompt token
+    assert max(np.abs(a - b).max() for a, b in zip(rows, want_rows)) <= TOL
+    return rt.calls
+
+
+# ------------------------------------------------------------------------------------ the package
+
+
+@pytest.mark.parametrize("pid", ["reference-4K", "reference-16K"])
+def test_package_layout_and_report(packages, pid):
+    pkg, report = packages[pid]
+    from pipeline.profile import get as get_profile
+
+    profile = get_profile(pid)
+    assert report["findings"] == [] and report["npu_complete"]
+    assert report["fused_counts"] == {"RMSNormQKV": 1, "SkipRMSNormQKV": 1, "GQARope": 2, "OProjSkipRMSNorm": 2, "SiluGatedMLP": 2}
+    for name in profile["files"]["required"]:
+        assert (pkg / name).is_file(), name
+    genai = json.loads((pkg / "genai_config.json").read_text())
+    opts = genai["model"]["decoder"]["session_options"]["provider_options"][0]["RyzenAI"]
+    assert opts["external_data_file"] == "model.pb.bin" and opts["hybrid_opt_token_backend"] == "npu"
+    assert opts["hybrid_opt_max_seq_length"] == str(max(profile["buckets"]["prefill"]))
+    assert all(isinstance(v, str) for v in opts.values())
+    search = genai["search"]
+    assert search["max_length"] == profile["genai"]["search"]["max_length"] and search["past_present_share_buffer"] is True
+    assert search.get("chunk_size") == profile["genai"]["search"].get("chunk_size")
+    tiers = [p.name for p in pkg.glob("dd_metastate_*.plan")]
+    want = len([t for t in profile["buckets"]["prefill"] if t <= search["max_length"]]) + len(profile["buckets"]["token"])
+    assert len(tiers) == want
+    assert json.loads((pkg / "config.json").read_text())["quantization_config"]["quant_method"] == "quark"
+    rai = json.loads((pkg / "rai_config.json").read_text())["max_prompt_length"]
+    assert rai["1.8.0"] == 4096 and rai["1.5.1"] == 2048
+    assert "NOT loadable by AMD's proprietary" in (pkg / "README.md").read_text()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (pkg / name).is_file(), name
+    assert not list(pkg.parent.glob(".*staging*"))
+
+
+def test_fused_graph_has_functions_and_weights_split(packages):
+    import onnx
+
+    pkg, _ = packages["reference-4K"]
+    model = onnx.load(str(pkg / "model.onnx"), load_external_data=False)
+    fused = [n for n in model.graph.node if n.domain == "ai.raipack"]
+    assert len(fused) == 8
+    assert {f.name for f in model.functions} == {n.op_type for n in fused}
+    assert all(f.domain == "ai.raipack" for f in model.functions)
+    assert not [n for n in model.graph.node if n.op_type in ("MatMulNBits", "GroupQueryAttention")]
+    where = {}
+    for t in model.graph.initializer:
+        where[t.name] = {e.key: e.value for e in t.external_data}["location"]
+    assert where["lm_head.MatMul.weight"] == "model.onnx.data"  # float lm_head and the tied embedding: CPU side
+    assert where["model.layers.2.final_norm_layernorm.weight"] == "model.onnx.data"
+    assert where["model.layers.0.attn.qkv_proj.MatMulNBits.qweight"] == "model.bin"
+    assert where["model.layers.1.mlp.down_proj.MatMulNBits.qzeros"] == "model.bin"
+
+
+def test_header_indexes_model_bin(packages):
+    pkg, _ = packages["reference-16K"]
+    header = formats.read_header(pkg / "model.pb.bin")
+    size = (pkg / "model.bin").stat().st_size
+    assert formats.header_problems(header, size) == []
+    assert header["weights_size"] == size and header["alignment"] == 4096
+    entries = [t for _, _, _, t in formats.header_tensors(header)]
+    assert all(t["offset"] % 4096 == 0 for t in entries)
+    roles = {t["role"] for t in entries}
+    assert {"qkv.B", "qkv.scales", "qkv.zero_points", "norm.scale", "attn.cos_cache", "down.B"} <= roles
+    cos = next(t for t in entries if t["role"] == "attn.cos_cache")
+    assert cos["shape"][0] == header["tiers"]["max_length"]  # rotary table cut to max_length
+    wf = formats.WeightsFile(pkg / "model.pb.bin")  # sha256 of every tensor checked
+    q = wf.array("model.layers.0.attn.qkv_proj.MatMulNBits.qweight")
+    assert q.dtype == np.uint8 and list(q.shape) == [512, 2, 64]
+
+
+def test_cache_meta_files_pass_schema_and_name_consts(packages):
+    from pipeline import schemas
+
+    pkg, report = packages["reference-4K"]
+    metas = sorted((pkg / "cache").glob("*_meta.json"))
+    assert len(metas) == len(report["fused_nodes"])
+    for meta_path in metas:
+        meta = json.loads(meta_path.read_text())
+        assert schemas.errors("cache_meta", meta) == []
+        assert (meta["dd_meta_major_version"], meta["dd_meta_minor_version"]) == (1, 4)
+        desc = meta["tensor_map"]["descriptor"]
+        const = pkg / "cache" / desc["file_name"]
+        assert const.stat().st_size == desc["file_size"]
+        assert formats.decode_const(const.read_bytes())["node"] == meta["raipack"]["node"]
+
+
+def test_plans_follow_schema_and_never_overlap(packages):
+    from pipeline import schemas
+
+    pkg, _ = packages["reference-16K"]
+    for plan_path in sorted(pkg.glob("dd_metastate_*.plan")):
+        plan = json.loads(plan_path.read_text())
+        assert schemas.errors("metastate_plan", plan) == [], plan_path.name
+        phase = "prefill" if "_Prefill_" in plan_path.name else "token"
+        tier = int(plan_path.stem.rsplit("_", 1)[1])
+        assert formats.plan_problems(plan, phase=phase, tier=tier) == []
+        assert plan["tensors"][plan["io"]["input_ids"]]["shape"] == [1, tier if phase == "prefill" else 1]
+    # a corrupted plan: two buffers live at once moved onto each other
+    plan = json.loads((pkg / "dd_metastate_Llm_Prefill_decoder_128.plan").read_text())
+    bufs = plan["arena"]["buffers"]
+    a, b = next((x, y) for x in bufs for y in bufs if x is not y and x["size"] and y["size"] and x["first_step"] <= y["last_step"] and y["first_step"] <= x["last_step"])
+    b["offset"] = a["offset"]
+    assert any("overlap" in m for _, m in formats.plan_problems(plan, phase="prefill", tier=128))
+
+
+@pytest.mark.parametrize("pid", ["reference-4K", "reference-16K"])
+def test_validate_is_clean_with_hashes(packages, pid):
+    pkg, _ = packages[pid]
+    result = _validate(pkg, verify_hashes=True)
+    assert result.profile == pid
+    assert result.findings == []
+    assert {"RP901", "RP902", "RP903", "RP904", "RP905", "RP906", "RP907"} <= set(result.checks_run)
+
+
+def test_npu_checks_are_noops_on_other_packages(make_pkg):
+    for pid in ("1.8.0-npu-16K", "1.7.1-npu-4K", "reference-4K"):  # factory packages: headers are not raipack's
+        result = _validate(make_pkg(pid), verify_hashes=True)
+        assert not [f for f in result.findings if f.check_id.startswith("RP9")], pid
+
+
+def test_fuse_replaces_output_atomically(packages, oga16k, tmp_path):
+    from pipeline.profile import get as get_profile
+    from stages.fuse.reference import FuseError, fuse
+
+    out = tmp_path / "pkg"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
+    assert not (out / "stale.txt").exists() and (out / "model.bin").is_file()
+    bad = copy.deepcopy(get_profile("reference-4K"))
+    bad["genai"]["search"]["chunk_size"] = 300
+    with pytest.raises(FuseError, match="chunk_size 300, which is not one of its prefill tiers"):
+        fuse(oga16k, tmp_path / "never", bad, quark_dir=oga16k.parent / "quark")
+    assert not (tmp_path / "never").exists() and not list(tmp_path.glob(".never*"))
+
+
+def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_ids, reference):
+    from pipeline.profile import get as get_profile
+    from stages.fuse.reference import fuse
+    from stages.fuse.runtime import ReferenceRuntime
+
+    profile = copy.deepcopy(get_profile("reference-4K"))
+    profile["quantization"]["allowed_group_sizes"] = [32, 64]  # the export has block_size 128
+    report = fuse(oga16k, tmp_path / "pkg", profile, quark_dir=oga16k.parent / "quark")
+    assert not report["npu_complete"]
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert errors and all("block_size (group size) is 128" in f["message"] for f in errors if f["check_id"] == "fuse-npu-constraint")
+    assert report["fused_counts"] == {"GQARope": 2}  # attention has no matmul; every projection stays on the CPU
+    assert sum(1 for n in report["cpu_nodes"] if n["why"] == "not fused") >= 10
+    header = formats.read_header(tmp_path / "pkg" / "model.pb.bin")
+    assert [n for n in header["cpu_nodes"] if n["why"] == "not fused"]
+    _assert_parity(ReferenceRuntime(tmp_path / "pkg", threads=2), reference, prompt_ids(40))  # still runs, still right
+
+
+def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path):
+    from pipeline.profile import get as get_profile
+    from stages.fuse.reference import FuseError, fuse
+
+    folder, _ = oga_default  # context_length 512, below the 4096 token tier
+    with pytest.raises(FuseError, match="context of 512 positions is below every token tier"):
+        fuse(folder, tmp_path / "pkg", get_profile("reference-4K"))
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_quantized_lm_head_becomes_a_fused_qmatmul(oga16k, tmp_path, reference, prompt_ids):
+    """The builder's own int4 lm_head (shared with a GatherBlockQuantized embedding) is fused as
+    QMatMul; its weights, also read by the CPU-side embedding, stay in model.onnx.data."""
+    from stages.export.builder import export
+    from stages.fuse.reference import fuse
+    from stages.fuse.runtime import ReferenceRuntime
+    from stages.ortloop import OrtDecoder
+    from pipeline.profile import get as get_profile
+
+    oga = tmp_path / "oga"
+    export(oga16k.parent / "quark", oga, keep_excluded_float=False)
+    report = fuse(oga, tmp_path / "pkg", get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
+    assert report["fused_counts"].get("QMatMul") == 1 and report["findings"] == []
+    header = formats.read_header(tmp_path / "pkg" / "model.pb.bin")
+    head = next(op for op in header["operators"] if op["op_type"] == "QMatMul")
+    assert head["tensors"] == [] and "lm_head.MatMul.weight_Q4" in head["cpu_inputs"]
+    prompt = prompt_ids(50)
+    want, rows = OrtDecoder(oga, threads=2).greedy(prompt, 32)
+    got, got_rows = ReferenceRuntime(tmp_path / "pkg", threads=2).generate(prompt, 32, return_logits=True)
+    assert got == want and max(np.abs(a - b).max() for a, b in zip(rows, got_rows)) <= TOL
+
+
+# ------------------------------------------------------------------------------------ parity
+
+
+@pytest.mark.parametrize("pid", ["reference-4K", "reference-16K"])
+@pytest.mark.parametrize("n", [100, 200, 400, 900, 1800, 4000])
+def test_parity_in_every_prefill_tier(runtimes, reference, prompt_ids, n, pid):
+    rt = runtimes[pid]
+    calls = _assert_parity(rt, reference, prompt_ids(n))
+    tier = min(t for t in rt.prefill_tiers if t >= n)
+    assert calls[0] == ("prefill", tier, 4096) and calls[1:] == [("token", 4096, 4096)] * (STEPS - 1)
+
+
+def test_parity_across_token_tier_boundary_16k(runtimes, reference, prompt_ids):
+    rt = runtimes["reference-16K"]
+    calls = _assert_parity(rt, reference, prompt_ids(4090))
+    assert calls[0] == ("prefill", 4096, 4096)
+    windows = [w for phase, _, w in calls if phase == "token"]
+    assert windows[:5] == [4096] * 5 and windows[-1] == 8192  # position 4096 → the 8192 tier, KV re-laid out
+
+
+def test_parity_short_prompt_16k(runtimes, reference, prompt_ids):
+    calls = _assert_parity(runtimes["reference-16K"], reference, prompt_ids(7))
+    assert calls[0] == ("prefill", 128, 4096)
+
+
+def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
+    """A profile whose max_prompt_length exceeds its largest prefill tier: prompts run in chunks of
+    chunk_size, the last one padded to its tier, the KV window growing between chunks."""
+    from pipeline.profile import get as get_profile
+    from stages.fuse.reference import fuse
+    from stages.fuse.runtime import ReferenceRuntime
+
+    profile = copy.deepcopy(get_profile("reference-16K"))
+    profile["buckets"] = {"prefill": [128, 256], "token": [512, 1024, 2048]}
+    profile["genai"]["search"].update(max_length=2048, chunk_size=256)
+    profile["max_prompt_length"] = {"1.8.0": 1000}
+    report = fuse(oga16k, tmp_path / "pkg", profile, quark_dir=oga16k.parent / "quark")
+    assert report["lengths"]["chunked"] and report["lengths"]["max_prompt_length"] == {"1.8.0": 1000}
+    rt = ReferenceRuntime(tmp_path / "pkg", threads=2)
+    calls = _assert_parity(rt, reference, prompt_ids(700))
+    assert calls[:3] == [("prefill", 256, 512), ("prefill", 256, 512), ("prefill", 256, 1024)]
+    calls = _assert_parity(rt, reference, prompt_ids(300))
+    assert calls[:2] == [("prefill", 256, 512), ("prefill", 128, 512)]
+
+
+def test_logits_for_matches_reference(runtimes, reference, prompt_ids):
+    prompt = prompt_ids(33)
+    _, rows = reference(prompt)
+    got = runtimes["reference-4K"].logits_for(prompt)
+    assert got.shape == (512,) and np.abs(got - rows[0]).max() <= TOL
+
+
+# ------------------------------------------------------------------------------------ refusals
+
+
+def test_refusals_are_one_sentence(runtimes, prompt_ids, packages):
+    from stages.fuse.runtime import ReferenceRuntime, RuntimeRefusal
+
+    rt4, rt16 = runtimes["reference-4K"], runtimes["reference-16K"]
+    with pytest.raises(RuntimeRefusal, match=r"prompt of 4097 tokens exceeds the package's maximum prompt length of 4096") as info:
+        rt16.generate(prompt_ids(4097), 1)
+    assert "\n" not in str(info.value) and str(info.value).count(". ") == 0
+    with pytest.raises(RuntimeRefusal, match=r"4000 prompt tokens plus 200 new tokens exceed the package's maximum length of 4096"):
+        rt4.generate(prompt_ids(4000), 200)
+    with pytest.raises(RuntimeRefusal, match="empty"):
+        rt4.logits_for([])
+    old = ReferenceRuntime(packages["reference-4K"][0], threads=1, verify="sizes", sdk_version="1.5.1")
+    assert old.max_prompt_length == 2048
+    with pytest.raises(RuntimeRefusal, match="maximum prompt length of 2048 tokens"):
+        old.logits_for(prompt_ids(2049))
+
+
+# ------------------------------------------------------------------------------------ corruption
+
+
+def test_flipped_byte_in_model_bin_is_caught(packages, tmp_path):
+    from stages.fuse.runtime import PackageError, ReferenceRuntime
+
+    pkg = _copy(packages["reference-4K"][0], tmp_path)
+    header = formats.read_header(pkg / "model.pb.bin")
+    t = next(t for _, _, _, t in formats.header_tensors(header) if t["role"] == "gate.B")
+    with open(pkg / "model.bin", "r+b") as fh:
+        fh.seek(t["offset"] + 100)
+        b = fh.read(1)
+        fh.seek(t["offset"] + 100)
+        fh.write(bytes([b[0] ^ 0x10]))
+    with pytest.raises(PackageError, match="do not match the sha256") as info:
+        ReferenceRuntime(pkg)
+    assert t["name"] in str(info.value)
+    assert "RP902" not in _ids(_validate(pkg))  # hashes only with --verify-hashes
+    findings = [f for f in _validate(pkg, verify_hashes=True).findings if f.check_id == "RP902"]
+    assert len(findings) == 1 and findings[0].pointer == t["name"]
+
+
+def test_swapped_weights_file_is_caught(packages, tmp_path):
+    from stages.fuse.runtime import PackageError, ReferenceRuntime
+
+    pkg = _copy(packages["reference-4K"][0], tmp_path)
+    shutil.copyfile(packages["reference-16K"][0] / "model.bin", pkg / "model.bin")  # longer rotary tables
+    with pytest.raises(PackageError, match="disagree"):
+        ReferenceRuntime(pkg)
+    assert "RP901" in _ids(_validate(pkg))
+
+
+def test_missing_tier_is_caught(packages, tmp_path):
+    from stages.fuse.runtime import PackageError, ReferenceRuntime
+
+    pkg = _copy(packages["reference-16K"][0], tmp_path)
+    for p in pkg.glob("dd_metastate_Llm_Token_decoder_8192.*"):
+        p.unlink()
+    result = _validate(pkg)
+    assert any(f.check_id == "RP602" and "8192" in f.path for f in result.findings)
+    with pytest.raises(PackageError, match="token tier 8192 has no plan"):
+        ReferenceRuntime(pkg, verify="sizes")
+
+
+def test_edited_header_is_caught(packages, tmp_path):
+    from stages.fuse.runtime import PackageError, ReferenceRuntime
+
+    src = packages["reference-4K"][0]
+    # 1. an edit that does not update the header's own sha256
+    pkg = _copy(src, tmp_path / "a")
+    raw = bytearray((pkg / "model.pb.bin").read_bytes())
+    i = raw.index(b'"weights_size"')
+    raw[i + 20] = ord("9") if raw[i + 20] != ord("9") else ord("8")
+    (pkg / "model.pb.bin").write_bytes(bytes(raw))
+    assert any(f.check_id == "RP901" and "sha256" in f.message for f in _validate(pkg).findings)
+    with pytest.raises(PackageError, match="header was edited"):
+        ReferenceRuntime(pkg)
+    # 2. a consistent re-encoding that moves one tensor
+    pkg = _copy(src, tmp_path / "b")
+    doc = formats.read_header(pkg / "model.pb.bin")
+    doc["operators"][0]["tensors"][1]["offset"] += 4096
+    (pkg / "model.pb.bin").write_bytes(formats.encode_header(doc))
+    ids = _ids(_validate(pkg, verify_hashes=True))
+    assert {"RP901", "RP903", "RP904", "RP905"} <= ids
+    with pytest.raises(PackageError):
+        ReferenceRuntime(pkg)
+
+
+def test_edited_plan_is_caught(packages, tmp_path):
+    from stages.fuse.runtime import PackageError, ReferenceRuntime
+
+    pkg = _copy(packages["reference-4K"][0], tmp_path)
+    path = pkg / "dd_metastate_Llm_Prefill_decoder_256.plan"
+    plan = json.loads(path.read_text())
+    plan["kv_window"] = 2048
+    path.write_text(json.dumps(plan))
+    findings = [f for f in _validate(pkg).findings if f.check_id == "RP905"]
+    assert any("sha256" in f.message for f in findings) and any("window" in f.message for f in findings)
+    with pytest.raises(PackageError, match="Prefill_decoder_256.plan"):
+        ReferenceRuntime(pkg, verify="sizes")
+
+
+# ------------------------------------------------------------------------------------ formats
+
+
+def test_header_roundtrip_and_problems():
+    doc = {"format": formats.HEADER_FORMAT, "format_version": 1, "weights_file": "model.bin", "weights_size": 8192, "alignment": 4096,
+           "operators": [{"name": "A", "tensors": [
+               {"role": "x.B", "name": "w", "offset": 0, "size": 16, "dtype": "uint8", "shape": [4, 4], "sha256": "0" * 64},
+               {"role": "x.scales", "name": "s", "offset": 4096, "size": 8, "dtype": "float32", "shape": [2], "sha256": "1" * 64}]}]}
+    data = formats.encode_header(doc)
+    assert data[:8] == formats.MAGIC and formats.decode_header(data) == doc
+    assert formats.header_problems(doc, 8192) == []
+    doc["operators"][0]["tensors"][1].update(offset=100, size=12)
+    messages = [m for _, m in formats.header_problems(doc, 4096)]
+    assert any("not a multiple of the 4096-byte alignment" in m for m in messages)
+    assert any("needs 8" in m for m in messages)
+    assert any("weights_size 8192" in m for m in messages)
+    with pytest.raises(formats.FormatError, match="magic"):
+        formats.decode_header(b"\x08\x01" + data[2:])
+    with pytest.raises(formats.FormatError, match="truncated"):
+        formats.decode_header(data[:-5])
+
+
+def test_assign_offsets_never_overlaps_live_buffers():
+    rng = np.random.default_rng(0)
+    bufs = []
+    for k in range(200):
+        a = int(rng.integers(0, 50))
+        bufs.append({"name": f"t{k}", "size": int(rng.integers(1, 5000)), "first_step": a, "last_step": a + int(rng.integers(0, 10))})
+    size = formats.assign_offsets(bufs)
+    for x in bufs:
+        assert x["offset"] % formats.PLAN_ALIGNMENT == 0 and x["offset"] + x["size"] <= size
+        for y in bufs:
+            if x is not y and x["first_step"] <= y["last_step"] and y["first_step"] <= x["last_step"]:
+                assert x["offset"] + x["size"] <= y["offset"] or y["offset"] + y["size"] <= x["offset"]

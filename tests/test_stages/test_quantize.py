@@ -1,0 +1,390 @@
+"""Quantize stage building blocks: group-size checks, Quark RTN/AWQ on a tiny Llama, calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from stages.quantize.calibration import (
+    DEFAULT_CALIBRATION,
+    HELDOUT,
+    CalibrationError,
+    load_calibration,
+    read_texts,
+)
+from stages.quantize.quark_awq import (
+    GroupSizeError,
+    QuantizeError,
+    apply_runtime_settings,
+    check_group_size,
+    quantize,
+    resolve_group_size,
+    runtime_env,
+)
+
+
+
+def config_of(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+SMOLLM2_SHAPE = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "num_hidden_layers": 30,
+    "head_dim": 64,
+    "vocab_size": 49152,
+}
+
+
+# ----------------------------------------------------------------- group size, from config alone
+
+
+def test_group_size_offenders_computed_from_config():
+    offenders = dict(check_group_size(SMOLLM2_SHAPE, 128, ("lm_head",)))
+    # every layer that reads the 576-wide hidden state, in all 30 decoder layers
+    assert offenders["model.layers.0.self_attn.q_proj"] == 576
+    assert offenders["model.layers.29.mlp.gate_proj"] == 576
+    assert offenders["model.layers.7.self_attn.o_proj"] == 576  # 9 heads x 64
+    assert not any("down_proj" in name for name in offenders)  # 1536 = 12 x 128
+    assert "lm_head" not in offenders  # excluded
+    assert len(offenders) == 30 * 6
+    assert check_group_size(SMOLLM2_SHAPE, 64, ("lm_head",)) == []
+
+
+def test_group_size_exclusion_uses_quark_patterns():
+    offenders = check_group_size(SMOLLM2_SHAPE, 128, ("lm_head", "*self_attn*", "*gate_proj", "*up_proj"))
+    assert offenders == []
+    with_head = check_group_size(SMOLLM2_SHAPE, 128, ())
+    assert ("lm_head", 576) in with_head
+
+
+def test_group_size_for_phi3_shape():
+    phi3 = {
+        "model_type": "phi3",
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "num_hidden_layers": 2,
+        "vocab_size": 32064,
+    }
+    assert check_group_size(phi3, 128, ("lm_head",)) == []
+    names = {n for n, _ in check_group_size(phi3, 128, ())}
+    assert names == set()  # 3072 = 24 x 128, lm_head too
+    odd = dict(phi3, intermediate_size=8200)
+    assert dict(check_group_size(odd, 128, ("lm_head",))) == {
+        "model.layers.0.mlp.down_proj": 8200,
+        "model.layers.1.mlp.down_proj": 8200,
+    }
+
+
+def test_group_size_from_model_dir(tiny_llama):
+    assert check_group_size(tiny_llama, 128, ("lm_head",)) == []
+
+
+def test_auto_group_size_picks_64_for_hidden_576_and_warns():
+    chosen, warning = resolve_group_size(SMOLLM2_SHAPE, "auto", ("lm_head",))
+    assert chosen == 64
+    assert "128" in warning and "q_proj" in warning and "576" in warning
+    assert resolve_group_size(dict(SMOLLM2_SHAPE, hidden_size=512, num_attention_heads=8), "auto") == (128, None)
+
+
+def test_auto_group_size_fails_when_nothing_divides():
+    cfg = dict(SMOLLM2_SHAPE, intermediate_size=1000)  # 1000 = 8 x 125
+    with pytest.raises(GroupSizeError, match=r"mlp\.down_proj.*1000"):
+        resolve_group_size(cfg, "auto")
+
+
+def test_unsupported_group_size_rejected():
+    with pytest.raises(QuantizeError, match="group size 96 is not supported"):
+        resolve_group_size(SMOLLM2_SHAPE, 96)
+
+
+def _fake_model_dir(tmp_path: Path, **overrides) -> Path:
+    """config.json of a tiny Llama plus *garbage* weights: any attempt to load them fails."""
+    d = tmp_path / "fake"
+    d.mkdir()
+    cfg = dict(SMOLLM2_SHAPE, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+               num_key_value_heads=2, num_hidden_layers=2, vocab_size=512)
+    cfg.update(overrides)
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").write_bytes(b"not a safetensors file")
+    return d
+
+
+def test_group_size_refused_before_loading_weights(tmp_path):
+    src = _fake_model_dir(tmp_path, intermediate_size=320)  # down_proj reads 320 = 2.5 x 128
+    out = tmp_path / "out"
+    with pytest.raises(GroupSizeError) as err:
+        quantize(src, out, algorithm="awq", group_size=128, num_samples=1, seq_len=8)
+    msg = str(err.value)
+    assert "mlp.down_proj" in msg and "320" in msg and "group size 128" in msg
+    assert "use group size 64" in msg
+    assert err.value.offenders == [("model.layers.0.mlp.down_proj", 320), ("model.layers.1.mlp.down_proj", 320)]
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake"]  # no staging folder left
+
+
+def test_pickle_checkpoint_refused(tmp_path):
+    src = tmp_path / "pickled"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
+    (src / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(QuantizeError, match=r"pytorch_model\.bin.*safetensors only"):
+        quantize(src, tmp_path / "out", algorithm="rtn", group_size=64)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_algorithm_and_dtype_rejected(tiny_llama, tmp_path):
+    with pytest.raises(QuantizeError, match="algorithm 'smoothquant' is not supported"):
+        quantize(tiny_llama, tmp_path / "o", algorithm="smoothquant")
+    with pytest.raises(QuantizeError, match="dtype 'int8' is not supported"):
+        quantize(tiny_llama, tmp_path / "o", dtype="int8")
+
+
+def test_runtime_settings(monkeypatch):
+    env = runtime_env(threads=2)
+    assert env["OMP_NUM_THREADS"] == "2" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 1 << 28
+    assert all(isinstance(v, str) for v in env.values())
+    for key in env:  # restored (or removed again) after the test
+        monkeypatch.delenv(key, raising=False)
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        applied = apply_runtime_settings(threads=1)
+        assert applied["torch_threads"] == 1
+        assert applied["flush_denormal"] in (True, False)
+        if sys.platform.startswith("linux"):
+            assert applied["mallopt"] is True
+        import os
+
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------- Quark on the tiny model
+
+
+def _check_export(out: Path, group: int, algo_name: str | None) -> dict:
+    from safetensors import safe_open
+
+    cfg = config_of(out)
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "quark"
+    assert qc["kv_cache_quant_config"] == {}
+    assert qc["exclude"] == ["lm_head"]
+    assert qc["export"]["pack_method"] == "reorder"
+    assert qc["export"]["weight_format"] == "real_quantized"
+    w = qc["global_quant_config"]["weight"]
+    assert (w["dtype"], w["qscheme"], w["group_size"], w["symmetric"]) == ("uint4", "per_group", group, False)
+    assert qc["global_quant_config"]["input_tensors"] is None  # weights only
+    if algo_name is None:
+        assert not qc.get("algo_config")
+    else:
+        assert [a["name"] for a in qc["algo_config"]] == [algo_name]
+
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    kv_out = cfg["num_key_value_heads"] * cfg["head_dim"]
+    expected_in_out = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (hidden, kv_out),
+        "self_attn.v_proj": (hidden, kv_out),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (hidden, inter),
+        "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }
+    import torch
+
+    with safe_open(str(out / "model.safetensors"), framework="pt") as st:
+        keys = set(st.keys())
+        for layer in range(cfg["num_hidden_layers"]):
+            for name, (fin, fout) in expected_in_out.items():
+                base = f"model.layers.{layer}.{name}"
+                weight = st.get_tensor(f"{base}.weight")
+                scale = st.get_tensor(f"{base}.weight_scale")
+                zero = st.get_tensor(f"{base}.weight_zero_point")
+                assert weight.dtype == torch.int32 and tuple(weight.shape) == (fin, fout // 8), base
+                assert scale.dtype == torch.float32 and tuple(scale.shape) == (fin // group, fout), base
+                assert zero.dtype == torch.int32 and tuple(zero.shape) == (fin // group, fout // 8), base
+                assert torch.isfinite(scale).all() and (scale > 0).all()
+        head = st.get_tensor("lm_head.weight")
+        assert head.dtype == torch.float32 and "lm_head.weight_scale" not in keys
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def src_with_extras(tiny_llama, tmp_path_factory) -> Path:
+    """The tiny model plus files Quark's export does not carry over."""
+    src = tmp_path_factory.mktemp("src") / "model"
+    shutil.copytree(tiny_llama, src)
+    (src / "configuration_custom.py").write_text("# custom code shipped with the model\n")
+    (src / "LICENSE").write_text("test licence\n")
+    (src / "assets").mkdir()
+    (src / "assets" / "note.txt").write_text("nested\n")
+    return src
+
+
+@pytest.fixture(scope="module")
+def rtn_export(src_with_extras, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rtn") / "quark"
+    record = quantize(src_with_extras, out, algorithm="rtn", group_size=128)
+    return out, record
+
+
+@pytest.fixture(scope="module")
+def awq_export(src_with_extras, tmp_path_factory):
+    out = tmp_path_factory.mktemp("awq") / "quark"
+    events: list[tuple[str, int, int]] = []
+    record = quantize(
+        src_with_extras,
+        out,
+        algorithm="awq",
+        group_size="auto",
+        num_samples=3,
+        seq_len=32,
+        progress=lambda step, done, total: events.append((step, done, total)),
+    )
+    return out, record, events
+
+
+def test_rtn_export_format(rtn_export):
+    out, record = rtn_export
+    _check_export(out, 128, None)
+    assert record["algorithm"] == "rtn" and record["group_size"] == 128
+    assert record["layers_quantized"] == 2 * 7
+    assert record["calibration"] is None
+
+
+def test_export_carries_every_source_file(rtn_export, src_with_extras):
+    out, record = rtn_export
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                 "README.md", "LICENSE", "configuration_custom.py"):
+        assert (out / name).read_bytes() == (src_with_extras / name).read_bytes(), name
+    assert (out / "assets" / "note.txt").read_text() == "nested\n"
+    # Quark restores some auxiliary files itself; the rest (README, folders...) are ours
+    assert {"README.md", "assets"} <= set(record["copied_files"])
+    assert "config.json" not in record["copied_files"]
+    # the source weights are never copied over the export
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
+
+
+def test_rtn_record(rtn_export):
+    _, record = rtn_export
+    assert record["seconds"] > 0 and record["cpu_user_seconds"] >= 0
+    assert record["peak_rss_bytes"] > 50 * 2**20
+    assert set(record["versions"]) == {"quark", "torch", "transformers"}
+    assert record["versions"]["quark"].startswith("0.13")
+
+
+def test_awq_export_format_and_progress(awq_export):
+    out, record, events = awq_export
+    _check_export(out, 128, "awq")
+    assert record["group_size"] == 128 and record["group_size_requested"] == "auto"
+    assert record["warnings"] == []
+    assert record["calibration"] == {"num_samples": 3, "seq_len": 32, "tokens": 96}
+    assert [e for e in events if e[0] == "calibration"] == [("calibration", i, 3) for i in (1, 2, 3)]
+    assert [e for e in events if e[0] == "awq"] == [("awq", 1, 2), ("awq", 2, 2)]
+
+
+def test_gptq_export_format_and_progress(src_with_extras, tmp_path):
+    events: list[tuple[str, int, int]] = []
+    out = tmp_path / "quark"
+    record = quantize(src_with_extras, out, algorithm="gptq", group_size=64, num_samples=2, seq_len=32,
+                      progress=lambda *e: events.append(e))
+    cfg = _check_export(out, 64, "gptq")
+    assert cfg["quantization_config"]["algo_config"][0]["static_groups"] is True
+    assert record["layers_quantized"] == 14
+    assert [e for e in events if e[0] == "gptq"] == [("gptq", 1, 2), ("gptq", 2, 2)]
+
+
+def test_awq_export_reloads_and_generates(awq_export):
+    import torch
+
+    from stages.quality import greedy_answer, load_hf, perplexity
+
+    out, _, _ = awq_export
+    model, tokenizer = load_hf(out)
+    ids = tokenizer("The river carries sand.", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits
+    assert torch.isfinite(logits).all()
+    ppl = perplexity(model, tokenizer, HELDOUT.read_text()[:600], max_len=64)
+    assert math.isfinite(ppl) and ppl > 1
+    assert isinstance(greedy_answer(model, tokenizer, "Hello?", max_new_tokens=4), str)
+
+
+def test_quantize_replaces_existing_output_atomically(src_with_extras, tmp_path):
+    out = tmp_path / "quark"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an older build")
+    quantize(src_with_extras, out, algorithm="rtn", group_size=64)
+    assert not (out / "stale.txt").exists()
+    assert config_of(out)["quantization_config"]["global_quant_config"]["weight"]["group_size"] == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quark"]  # no staging or old folder left
+
+
+# ----------------------------------------------------------------- calibration data
+
+
+def test_bundled_corpus_sizes():
+    assert 30_000 <= DEFAULT_CALIBRATION.stat().st_size <= 60_000
+    assert 2_500 <= HELDOUT.stat().st_size <= 6_000
+    assert len(read_texts(DEFAULT_CALIBRATION)) > 40
+    # held-out paragraphs never appear in the calibration corpus
+    calib = DEFAULT_CALIBRATION.read_text()
+    for para in read_texts(HELDOUT):
+        assert para[:80] not in calib
+
+
+def test_load_calibration_txt_and_jsonl(tiny_tokenizer, tmp_path):
+    import torch
+
+    samples = load_calibration(None, tiny_tokenizer, 4, 64)
+    assert len(samples) == 4
+    assert all(s.dtype == torch.long and tuple(s.shape) == (1, 64) for s in samples)
+    assert len({tuple(s[0, :8].tolist()) for s in samples}) == 4  # spread over the corpus
+
+    jl = tmp_path / "c.jsonl"
+    jl.write_text("\n".join(json.dumps({"text": p}) for p in read_texts(DEFAULT_CALIBRATION)[:10]) + "\n\n")
+    assert len(load_calibration(jl, tiny_tokenizer, 2, 32)) == 2
+
+
+@pytest.mark.parametrize(
+    "name, content, pattern",
+    [
+        ("empty.txt", b"  \n\n", r"empty\.txt: calibration file is empty"),
+        ("bad.jsonl", b'{"text": "ok"}\n{"text": oops}\n', r"bad\.jsonl:2: invalid JSON"),
+        ("nokey.jsonl", b'{"text": "ok"}\n\n{"body": "x"}\n', r'nokey\.jsonl:3: expected an object with a "text" field'),
+        ("type.jsonl", b'{"text": 5}\n', r'type\.jsonl:1: "text" must be a string, got int'),
+        ("blank.jsonl", b'{"text": "  "}\n', r'blank\.jsonl: no line has a non-empty "text" field'),
+        ("latin1.txt", b"line one\nline two caf\xe9\n", r"latin1\.txt:2: not valid UTF-8"),
+        ("data.csv", b"a,b\n", r"data\.csv: unsupported calibration file type '\.csv'"),
+    ],
+)
+def test_calibration_errors_name_file_and_line(tmp_path, tiny_tokenizer, name, content, pattern):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(CalibrationError, match=pattern):
+        load_calibration(path, tiny_tokenizer, 1, 4)
+
+
+def test_calibration_missing_file_and_too_little_text(tmp_path, tiny_tokenizer):
+    with pytest.raises(CalibrationError, match=r"nope\.txt: calibration file not found"):
+        load_calibration(tmp_path / "nope.txt", tiny_tokenizer, 1, 4)
+    small = tmp_path / "small.txt"
+    small.write_text("A few words only.\n")
+    with pytest.raises(CalibrationError, match=r"small\.txt: \d+ tokens give 0 windows of 512 tokens, 2 samples"):
+        load_calibration(small, tiny_tokenizer, 2, 512)

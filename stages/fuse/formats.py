@@ -283,9 +283,30 @@ class WeightsFile:
 # ----------------------------------------------------------------------------- metastate
 
 
-def encode_state(doc: dict) -> bytes:
+def _encode_doc(magic: bytes, preamble, doc: dict) -> bytes:
+    """magic, version, flags, n, then n bytes of JSON: the shape of .state and .const files."""
     body = json.dumps(doc, sort_keys=True).encode("utf-8")
-    return STATE_PREAMBLE.pack(STATE_MAGIC, FORMAT_VERSION, 0, len(body)) + body
+    return preamble.pack(magic, FORMAT_VERSION, 0, len(body)) + body
+
+
+def _decode_doc(magic: bytes, preamble, data: bytes, name: str, what: str) -> dict:
+    if len(data) < preamble.size or data[:8] != magic:
+        raise FormatError(f"{name} does not start with raipack's {what} magic {magic!r}", "rebuild the package")
+    _, version, _, n = preamble.unpack_from(data)
+    if version != FORMAT_VERSION or len(data) != preamble.size + n:
+        raise FormatError(f"{name}: version {version} or length {len(data)} is not what its preamble announces", "rebuild the package")
+    try:
+        return json.loads(data[preamble.size:].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(f"{name}: the JSON document cannot be parsed ({err})", "rebuild the package") from None
+
+
+def encode_state(doc: dict) -> bytes:
+    return _encode_doc(STATE_MAGIC, STATE_PREAMBLE, doc)
+
+
+def decode_state(data: bytes, name: str = "state") -> dict:
+    return _decode_doc(STATE_MAGIC, STATE_PREAMBLE, data, name, "state")
 
 
 def decode_state(data: bytes, name: str = "state") -> dict:
@@ -422,8 +443,11 @@ def plan_problems(plan: dict, *, phase: str | None = None, tier: int | None = No
 def encode_const(doc: dict) -> bytes:
     """cache/<node>.const: magic, version, flags, n, then n bytes of JSON (the node's descriptor:
     op type, attributes, and where each of its weights lies in model.bin)."""
-    body = json.dumps(doc, sort_keys=True).encode("utf-8")
-    return CONST_PREAMBLE.pack(CONST_MAGIC, FORMAT_VERSION, 0, len(body)) + body
+    return _encode_doc(CONST_MAGIC, CONST_PREAMBLE, doc)
+
+
+def decode_const(data: bytes, name: str = "const") -> dict:
+    return _decode_doc(CONST_MAGIC, CONST_PREAMBLE, data, name, "descriptor")
 
 
 def decode_const(data: bytes, name: str = "const") -> dict:

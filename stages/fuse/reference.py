@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import RaipackError
+from stages.source import atomic_replace_dir
 
 from . import formats
 from .formats import ALIGNMENT
@@ -339,13 +340,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         for name in copied:
             written.setdefault(name, (stage / name).stat().st_size)
 
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-        os.replace(stage, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        atomic_replace_dir(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

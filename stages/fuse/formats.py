@@ -309,17 +309,6 @@ def decode_state(data: bytes, name: str = "state") -> dict:
     return _decode_doc(STATE_MAGIC, STATE_PREAMBLE, data, name, "state")
 
 
-def decode_state(data: bytes, name: str = "state") -> dict:
-    if len(data) < STATE_PREAMBLE.size or data[:8] != STATE_MAGIC:
-        raise FormatError(f"{name} does not start with raipack's state magic {STATE_MAGIC!r}", "rebuild the package")
-    _, version, _, n = STATE_PREAMBLE.unpack_from(data)
-    if version != FORMAT_VERSION or len(data) != STATE_PREAMBLE.size + n:
-        raise FormatError(f"{name}: version {version} or length {len(data)} is not what its preamble announces", "rebuild the package")
-    try:
-        return json.loads(data[STATE_PREAMBLE.size:].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise FormatError(f"{name}: the JSON document cannot be parsed ({err})", "rebuild the package") from None
-
 
 def metastate_stem(phase: str, node: str, tier: int) -> str:
     return f"dd_metastate_Llm_{'Prefill' if phase == 'prefill' else 'Token'}_{node}_{tier}"
@@ -449,14 +438,6 @@ def encode_const(doc: dict) -> bytes:
 def decode_const(data: bytes, name: str = "const") -> dict:
     return _decode_doc(CONST_MAGIC, CONST_PREAMBLE, data, name, "descriptor")
 
-
-def decode_const(data: bytes, name: str = "const") -> dict:
-    if len(data) < CONST_PREAMBLE.size or data[:8] != CONST_MAGIC:
-        raise FormatError(f"{name} does not start with raipack's descriptor magic {CONST_MAGIC!r}", "rebuild the package")
-    _, version, _, n = CONST_PREAMBLE.unpack_from(data)
-    if version != FORMAT_VERSION or len(data) != CONST_PREAMBLE.size + n:
-        raise FormatError(f"{name}: version {version} or length {len(data)} is not what its preamble announces", "rebuild the package")
-    return json.loads(data[CONST_PREAMBLE.size:].decode("utf-8"))
 
 
 def write_atomic(path: Path, data: bytes) -> None:

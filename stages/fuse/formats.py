@@ -309,7 +309,6 @@ def decode_state(data: bytes, name: str = "state") -> dict:
     return _decode_doc(STATE_MAGIC, STATE_PREAMBLE, data, name, "state")
 
 
-
 def metastate_stem(phase: str, node: str, tier: int) -> str:
     return f"dd_metastate_Llm_{'Prefill' if phase == 'prefill' else 'Token'}_{node}_{tier}"
 
@@ -437,7 +436,6 @@ def encode_const(doc: dict) -> bytes:
 
 def decode_const(data: bytes, name: str = "const") -> dict:
     return _decode_doc(CONST_MAGIC, CONST_PREAMBLE, data, name, "descriptor")
-
 
 
 def write_atomic(path: Path, data: bytes) -> None:

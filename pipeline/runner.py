@@ -108,7 +108,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         if missing:
             raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
         digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
-        ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": profile["id"]}, digests, manifest.tool_versions(st.tools))
+        ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": profile}, digests, manifest.tool_versions(st.tools))  # the whole profile: its tiers and options shape the output
         t0 = time.perf_counter()
         hit = None if forcing else cache.lookup(st.name, ckey, cache_root)
         if hit is None and from_ and names.index(name) < names.index(from_):
@@ -160,7 +160,7 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
         lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
         doc = manifest.describe(staging, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
-                                lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report})
+                                lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile["id"]})
         _check_output(st, job, staging, doc)
         if final.exists():  # an older incomplete entry under the same key
             shutil.rmtree(final)

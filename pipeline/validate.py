@@ -42,7 +42,21 @@ def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False,
             prof, reason = found.profile, found.reason
     else:
         prof, reason = profiles.get(profile), "chosen with --profile"
+    model_type = _model_type(pkg)
+    if model_type in (prof.get("model_overrides") or {}):
+        prof, reason = profiles.for_model(prof, model_type), f"{reason}; with its {model_type} settings"
     return Context(pkg, prof, verify_hashes=verify_hashes, jobs=jobs), reason
+
+
+def _model_type(pkg: Package) -> str | None:
+    """The model family: config.json's model_type, else genai_config.json's model.type."""
+    for rel, pointer in (("config.json", ("model_type",)), ("genai_config.json", ("model", "type"))):
+        node = pkg.try_json(rel)
+        for key in pointer:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, str):
+            return node
+    return None
 
 
 def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None) -> Result:

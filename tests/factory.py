@@ -266,7 +266,7 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: 
         _metastate(pkg, profile, d, max_length)
     if profile["target"] == "reference":
         (pkg / "README.md").write_text("# test package\n\nWritten by raipack's test factory.\n")
-        write_manifest(pkg, kind="package")
+        write_manifest(pkg, kind="package", target_profile=profile.get("extends"))
     return pkg
 
 
@@ -303,7 +303,7 @@ def _metastate(pkg: Path, profile: dict, d: Dims, max_length: int | None) -> Non
                 write_blob(pkg / f"dd_metastate_Llm_{phase}_MatMulNBits_{i}_0.{ext}", 64, False, i)
 
 
-def write_manifest(pkg: Path, kind: str = "package", complete: bool = True) -> None:
+def write_manifest(pkg: Path, kind: str = "package", complete: bool = True, target_profile: str | None = None) -> None:
     files = []
     for path in sorted(p for p in pkg.rglob("*") if p.is_file() and p.name != "manifest.json"):
         rel = path.relative_to(pkg).as_posix()
@@ -312,7 +312,8 @@ def write_manifest(pkg: Path, kind: str = "package", complete: bool = True) -> N
         files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256(path), "role": role_of(rel)})
     write_json(pkg / "manifest.json", {
         "format": "raipack-manifest", "format_version": 1, "generator": {"name": "raipack", "version": "0.1.0"}, "kind": kind,
-        "stage": None, "created": "2026-12-01T00:00:00Z", "files": files, "tools": {"raipack": "0.1.0"}, "complete": complete})
+        "stage": None, "created": "2026-12-01T00:00:00Z", "files": files, "tools": {"raipack": "0.1.0"}, "complete": complete,
+        **({"target_profile": target_profile} if target_profile else {})})
 
 
 def write_safetensors(path: Path, tensors: dict) -> None:

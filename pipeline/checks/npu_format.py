@@ -71,11 +71,16 @@ def npu_header(ctx):
     its JSON document) and agrees with its weights file (`model.bin`): the
     recorded size, every tensor's offset (aligned to the header's alignment,
     4096), its size (dtype × shape), inside the file, no two tensors
-    overlapping. Reads the header only."""
+    overlapping. Reads the header only. raipack writes a package's
+    `manifest.json` last, so a reference header without one is an
+    unfinished or altered package."""
     ref = _reference(ctx)
     if ref is None:
         return
     rel, doc = ref
+    if "manifest.json" not in ctx.pkg.files:
+        yield ctx.finding("manifest.json", f"is missing, but {rel} is a raipack reference header: raipack writes the manifest last, so this package is unfinished or was altered",
+                          "rebuild the package with raipack build, or copy it again with its manifest.json")
     fmt = _formats()
     if isinstance(doc, fmt.FormatError):
         yield ctx.finding(rel, str(doc), doc.hint or "rebuild the package with raipack build", doc.pointer)

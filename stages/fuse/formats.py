@@ -44,9 +44,9 @@ PLAN_ALIGNMENT = 64
 CONST_MAGIC = b"RAIPKCON"
 CONST_PREAMBLE = struct.Struct("<8sIIQ")
 
-DTYPE_SIZE = {"uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int64": 8, "float64": 8, "uint4x2": 1}
+DTYPE_SIZE = {"bool": 1, "uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int64": 8, "float64": 8, "uint4x2": 1}
 # onnx.TensorProto data type codes → names (no onnx import needed)
-ONNX_DTYPE = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64", 16: "bfloat16"}
+ONNX_DTYPE = {1: "float32", 9: "bool", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64", 16: "bfloat16"}
 
 MATMULNBITS_PACKING = (
     "com.microsoft.MatMulNBits layout, unchanged: B is uint8 [N, ceil(K/block), block*bits/8]; for output "

@@ -27,7 +27,8 @@ Two CPU-side edits make the graph suit a static-shape runtime (see docs/formats.
 
 A group whose `MatMulNBits` break an NPU constraint of the profile (bits, group size, K/N multiples)
 is not fused; it stays in the graph as it was, and a finding says so. Nodes that are neither fused
-nor on the known CPU side (embedding, mask arithmetic, final norm, lm_head) are reported too.
+nor on the known CPU side (embedding, mask arithmetic, LongRoPE's cache choice, final norm, lm_head)
+are reported too.
 """
 
 from __future__ import annotations
@@ -485,6 +486,8 @@ def fuse_graph(model: onnx.ModelProto, genai: dict, constraints: Constraints) ->
             why = "final norm"
         elif n.name.startswith("/raipack/"):
             why = "mask and logits-row arithmetic"
+        elif n.name.startswith("/model/rope_caches_subgraph/") and n.op_type in ("Greater", "If"):
+            why = "rotary cache choice (LongRoPE short or long factors by total length)"
         elif heavy or LAYER_RE.search(n.name) or n.op_type not in CPU_SIDE_OPS:
             why = "not fused"
             if id(n) not in rejected:
@@ -715,6 +718,28 @@ def _infer(node, info: dict, values: dict, attrs: dict, functions: dict, scratch
         put(1, ins[3][0], past)
         put(2, ins[4][0], ins[4][1])
         scratch.append((node.name, B * heads * S * past[2] * 4))
+    elif op in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual"):
+        value = None
+        if vals[0] is not None and vals[1] is not None:
+            value = getattr(np, {"Greater": "greater", "Less": "less", "Equal": "equal", "GreaterOrEqual": "greater_equal", "LessOrEqual": "less_equal"}[op])(vals[0], vals[1])
+        put(0, "bool", _broadcast(ins[0][1], ins[1][1]), value)
+    elif op == "If":  # e.g. LongRoPE's choice of short or long rotary caches by total length
+        branches = [a("then_branch"), a("else_branch")]
+        if vals[0] is not None:  # the plan's length decides the branch
+            branches = [branches[0] if bool(np.asarray(vals[0]).reshape(-1)[0]) else branches[1]]
+        results = []
+        for g in branches:
+            local_info, local_vals = dict(info), dict(values)
+            for inner in g.node:
+                inner_attrs = {at.name: helper.get_attribute_value(at) for at in inner.attribute}
+                _infer(inner, local_info, local_vals, inner_attrs, functions, scratch)
+            results.append([(local_info[o.name], local_vals.get(o.name)) for o in g.output])
+        for k, outs_k in enumerate(zip(*results)):
+            dtypes = {o[0][0] for o in outs_k}
+            if len(dtypes) > 1:
+                raise ShapeError(f"{node.name}: the branches of If give output {k} different types {sorted(dtypes)}")
+            shape = [max(dims) for dims in zip(*[o[0][1] for o in outs_k])]  # an upper bound when both can run
+            put(k, outs_k[0][0][0], shape, outs_k[0][1] if len(outs_k) == 1 else None)
     else:
         raise ShapeError(f"{node.name}: no static shape rule for {node.domain or 'ai.onnx'}.{op}")
 

@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline import profile as profiles
 from pipeline.errors import RaipackError
 from stages.source import atomic_replace_dir
 
@@ -82,7 +83,7 @@ def lengths_for(profile: dict, context_length: int | None) -> dict:
     if not chunked:
         mpl = {v: min(n, prefill[-1]) for v, n in mpl.items()}
     return {"max_length": max_length, "prefill": prefill, "token": token, "chunk_size": int(chunk) if chunk is not None else None,
-            "chunked": chunked, "max_prompt_length": mpl, "npu_seq": prefill[-1]}
+            "chunked": chunked, "max_prompt_length": mpl, "npu_seq": prefill[-1], "max_length_pow2": 1 << (max_length.bit_length() - 1)}
 
 
 def _token_window(token_tiers: list[int], end: int) -> int:
@@ -168,6 +169,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     graph_name = dec.get("filename", "model.onnx")
     model = onnx.load(str(export_dir / graph_name), load_external_data=False)
     context = int(genai["model"].get("context_length") or 0) or None
+    profile = profiles.for_model(profile, genai["model"].get("type"))
     L = lengths_for(profile, context)
     findings: list[dict] = []
     if not _is_pow2(L["npu_seq"]):
@@ -375,17 +377,8 @@ def _counts(fused) -> dict:
 def _genai_config(genai: dict, profile: dict, L: dict, gen_cfg: dict) -> dict:
     doc = json.loads(json.dumps(genai))
     dec = doc["model"]["decoder"]
-    opts_rules = profile["genai"]["options"]
-    opts = {"hybrid_opt_token_backend": "npu", "hybrid_opt_max_seq_length": str(L["npu_seq"])}
-    if "hybrid_opt_chunk_context" in opts_rules:
-        opts["hybrid_opt_chunk_context"] = "1" if L["chunked"] else "0"
-        if L["chunked"] and "hybrid_opt_chunk_context_threshold" in opts_rules:
-            opts["hybrid_opt_chunk_context_threshold"] = "1"
-    opts["external_data_file"] = "model.pb.bin"
-    if "fusion_opt_io_bind_kv_cache" in opts_rules:
-        opts["fusion_opt_io_bind_kv_cache"] = "1"
-    if "max_length_for_kv_cache" in opts_rules:
-        opts["max_length_for_kv_cache"] = str(L["max_length"])
+    lengths = {"max_length": L["max_length"], "max_length_pow2": L["max_length_pow2"], "npu_seq": L["npu_seq"], "chunked": "1" if L["chunked"] else "0"}
+    opts = {name: rule["build"].format(**lengths) for name, rule in profile["genai"]["options"].items() if "build" in rule}
     session = dict(dec.get("session_options") or {})
     session.setdefault("log_id", "onnxruntime-genai")
     session["provider_options"] = [{"RyzenAI": opts}]

@@ -16,8 +16,10 @@ class FuseConfig:
 
 
 def reference_profile(target: dict) -> str:
-    """raipack's own package profile for a release target (4K full fusion or 16K token fusion)."""
-    return "reference-4K" if (target.get("context") or 0) <= 4096 else "reference-16K"
+    """raipack's own package profile for a release target: the reference profile that extends it."""
+    from pipeline import profile as profiles
+
+    return profiles.reference_for(target)["id"]
 
 
 def choose_backend(requested: str) -> tuple[str, str]:

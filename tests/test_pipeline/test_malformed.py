@@ -126,12 +126,14 @@ def test_malformed_package_fails_cleanly(make_pkg, capsys, seed):
     profile_id = PROFILES[seed % len(PROFILES)]
     mutation = MUTATIONS[(seed // len(PROFILES) + seed) % len(MUTATIONS)]
     pkg = make_pkg(profile_id)
+    args = ["validate", "--format", "json", str(pkg)]
     if mutation is m_delete_required:
         mutation(pkg, rng, all_profiles()[profile_id])
+        args += ["--profile", profile_id]  # the deleted file may be the one that identified the profile
     else:
         mutation(pkg, rng)
     with pytest.raises(SystemExit) as exit_info:
-        main(["validate", "--format", "json", str(pkg)])
+        main(args)
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     code = exit_info.value.code

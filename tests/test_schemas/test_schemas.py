@@ -84,9 +84,30 @@ def test_repo_fallback_folder_holds_every_schema():
 
 
 def test_shipped_profiles_validate():
+    """Every profile as the code sees it (`extends` resolved, each model override applied)."""
+    from pipeline import profile
+
     folder = HERE.parent.parent / "pipeline" / "profiles"
-    for path in sorted(folder.glob("*.json")):
-        assert schemas.errors("profile", read(path)) == [], path.name
+    assert sorted(profile.raw_profiles()) == sorted(p.stem for p in folder.glob("*.json"))
+    for pid, prof in profile.all_profiles().items():
+        assert schemas.errors("profile", prof) == [], pid
+        for model_type in prof.get("model_overrides", {}):
+            assert schemas.errors("profile", profile.for_model(prof, model_type)) == [], (pid, model_type)
+
+
+def test_profile_derivation_merges_objects_and_replaces_the_rest():
+    from pipeline import profile
+
+    merged = profile.merge({"a": {"x": 1, "y": [1, 2]}, "b": 1}, {"a": {"y": [3]}, "c": 2})
+    assert merged == {"a": {"x": 1, "y": [3]}, "b": 1, "c": 2}
+    ref = profile.all_profiles()["reference-1.7.1-16K"]
+    base = profile.all_profiles()["1.7.1-npu-16K"]
+    assert ref["buckets"] == base["buckets"] and ref["genai"] == base["genai"] and ref["release"] == "1.7.1"
+    assert ref["metastate"]["tiered"] and not base["metastate"]["tiered"]
+    assert profile.reference_for(base)["id"] == "reference-1.7.1-16K"
+    phi = profile.for_model(profile.all_profiles()["1.8.0-npu-16K"], "phi3")
+    assert phi["genai"]["search"]["chunk_size"] == 8192 and max(phi["buckets"]["prefill"]) == 8192
+    assert profile.for_model(profile.all_profiles()["1.8.0-npu-16K"], "llama")["genai"]["search"]["chunk_size"] == 4096
 
 
 # ------------------------------------------------------------ the examples

@@ -58,7 +58,7 @@ def packages(oga16k, tmp_path_factory) -> dict:
     for pid in ("reference-4K", "reference-16K"):
         pkg = root / pid
         report = fuse(oga16k, pkg, get_profile(pid), quark_dir=oga16k.parent / "quark")
-        write_manifest(pkg)
+        write_manifest(pkg, target_profile=get_profile(pid)["extends"])
         out[pid] = (pkg, report)
     return out
 
@@ -83,10 +83,10 @@ def reference(oga16k):
     dec = OrtDecoder(oga16k, threads=2)
     cache = {}
 
-    def greedy(prompt):
-        key = tuple(prompt)
+    def greedy(prompt, steps=STEPS):
+        key = (tuple(prompt), steps)
         if key not in cache:
-            cache[key] = dec.greedy(prompt, STEPS)
+            cache[key] = dec.greedy(prompt, steps)
         return cache[key]
 
     return greedy
@@ -115,10 +115,10 @@ def _ids(result) -> set[str]:
     return {f.check_id for f in result.findings}
 
 
-def _assert_parity(rt, reference, prompt):
-    want_tokens, want_rows = reference(prompt)
+def _assert_parity(rt, reference, prompt, steps: int = STEPS):
+    want_tokens, want_rows = reference(prompt, steps)
     rt.calls.clear()
-    tokens, rows = rt.generate(prompt, STEPS, return_logits=True)
+    tokens, rows = rt.generate(prompt, steps, return_logits=True)
     assert tokens == want_tokens
     assert np.abs(rows[0] - want_rows[0]).max() <= TOL  # last prompt token
     assert max(np.abs(a - b).max() for a, b in zip(rows, want_rows)) <= TOL
@@ -282,9 +282,14 @@ def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path
     from pipeline.profile import get as get_profile
     from stages.fuse.reference import FuseError, fuse
 
-    folder, _ = oga_default  # context_length 512, below the 4096 token tier
-    with pytest.raises(FuseError, match="context of 512 positions is below every token tier"):
-        fuse(folder, tmp_path / "pkg", get_profile("reference-4K"))
+    folder, _ = oga_default
+    short = tmp_path / "short"
+    shutil.copytree(folder, short)
+    genai = json.loads((short / "genai_config.json").read_text())
+    genai["model"]["context_length"] = 256  # below the smallest token tier (384)
+    (short / "genai_config.json").write_text(json.dumps(genai))
+    with pytest.raises(FuseError, match="context of 256 positions is below every token tier"):
+        fuse(short, tmp_path / "pkg", get_profile("reference-4K"))
     assert not (tmp_path / "pkg").exists()
 
 
@@ -319,20 +324,29 @@ def test_parity_in_every_prefill_tier(runtimes, reference, prompt_ids, n, pid):
     rt = runtimes[pid]
     calls = _assert_parity(rt, reference, prompt_ids(n))
     tier = min(t for t in rt.prefill_tiers if t >= n)
-    assert calls[0] == ("prefill", tier, 4096) and calls[1:] == [("token", 4096, 4096)] * (STEPS - 1)
+    assert calls[0] == ("prefill", tier, _window(rt, tier))
+    assert calls[1:] == [("token", _window(rt, end), _window(rt, end)) for end in range(n + 1, n + STEPS)]
+
+
+def _window(rt, end: int) -> int:
+    """The KV window a call ending at position `end` must use: the smallest token tier holding it."""
+    return min(t for t in rt.token_tiers if t >= end)
 
 
 def test_parity_across_token_tier_boundary_16k(runtimes, reference, prompt_ids):
     rt = runtimes["reference-16K"]
-    calls = _assert_parity(rt, reference, prompt_ids(4090))
-    assert calls[0] == ("prefill", 4096, 4096)
+    first = _window(rt, 4091)
+    second = _window(rt, first + 1)
+    calls = _assert_parity(rt, reference, prompt_ids(4090), steps=first - 4090 + 8)
+    assert calls[0] == ("prefill", 4096, _window(rt, 4096))
     windows = [w for phase, _, w in calls if phase == "token"]
-    assert windows[:5] == [4096] * 5 and windows[-1] == 8192  # position 4096 → the 8192 tier, KV re-laid out
+    assert windows[0] == first and windows[-1] == second > first  # past the first window → the next tier, KV re-laid out
 
 
 def test_parity_short_prompt_16k(runtimes, reference, prompt_ids):
-    calls = _assert_parity(runtimes["reference-16K"], reference, prompt_ids(7))
-    assert calls[0] == ("prefill", 128, 4096)
+    rt = runtimes["reference-16K"]
+    calls = _assert_parity(rt, reference, prompt_ids(7))
+    assert calls[0] == ("prefill", 128, _window(rt, 128))
 
 
 def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
@@ -417,12 +431,16 @@ def test_swapped_weights_file_is_caught(packages, tmp_path):
 def test_missing_tier_is_caught(packages, tmp_path):
     from stages.fuse.runtime import PackageError, ReferenceRuntime
 
+    from pipeline.profile import get as get_profile
+
     pkg = _copy(packages["reference-16K"][0], tmp_path)
-    for p in pkg.glob("dd_metastate_Llm_Token_decoder_8192.*"):
+    tier = 8064  # a token tier of the 1.8.0 16K profile
+    assert tier in get_profile("reference-16K")["buckets"]["token"]
+    for p in pkg.glob(f"dd_metastate_Llm_Token_decoder_{tier}.*"):
         p.unlink()
     result = _validate(pkg)
-    assert any(f.check_id == "RP602" and "8192" in f.path for f in result.findings)
-    with pytest.raises(PackageError, match="token tier 8192 has no plan"):
+    assert any(f.check_id == "RP602" and str(tier) in f.path for f in result.findings)
+    with pytest.raises(PackageError, match=f"token tier {tier} has no plan"):
         ReferenceRuntime(pkg, verify="sizes")
 
 

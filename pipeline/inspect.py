@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from .checks import run_checks
+from .checks.advice import tier_rows
 from .checks.buckets import metastate_sets, tiers_present
 from .checks.consistency import dims, lengths
 from .validate import open_package
@@ -52,6 +53,8 @@ def summary(path: Path, profile: str = "auto") -> dict:
         },
         "runs_on": _runs_on(prof, opts),
         "findings": [f.to_dict() for f in findings],
+        "advice": [f.to_dict() for f in run_checks(ctx, select=("RP0",))[0]],
+        "tiers": tier_rows(ctx),
     }
 
 
@@ -101,9 +104,26 @@ def render(data: dict) -> None:
     con.print("lengths   " + ", ".join(f"{k} {v}" for k, v in L.items() if v not in (None, {}, False)))
     b = data["buckets"]
     con.print(f"buckets   {b['metastate_sets']} metastate sets; tiers in files {b['tiers_in_files']}; profile tiers prefill {b['profile_tiers']['prefill']} token {len(b['profile_tiers']['token'])} tiers")
+    _render_tiers(con, data["tiers"], Table)
+    for x in data["advice"]:
+        con.print(f"[cyan]advice[/cyan]    {x['check_id']} {x['path']}: {x['message']}", highlight=False)
+        con.print(f"          hint: {x['hint']}", highlight=False)
     errors = [x for x in data["findings"] if x["severity"] == "error"]
     if errors:
         con.print(f"[red]{len(errors)} file problems[/red] (run `raipack validate` for every check)")
+
+
+def _render_tiers(con, rows: list[dict], Table) -> None:
+    """Which compiled tier serves each length setting, and the padding it costs."""
+    if not any(r["tier"] or r["tier_below"] for r in rows):
+        return
+    t = Table(box=None, padding=(0, 1))
+    t.add_column("setting", no_wrap=True)
+    for name in ("value", "phase", "tier below", "tier", "padding"):
+        t.add_column(name, no_wrap=True)
+    for r in rows:
+        t.add_row(r["setting"], str(r["value"]), r["phase"], str(r["tier_below"] or "-"), str(r["tier"] or "beyond the tiers"), "-" if r["padding"] is None else str(r["padding"]))
+    con.print(t)
 
 
 def _size(n: int) -> str:

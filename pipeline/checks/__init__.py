@@ -17,7 +17,7 @@ from ..findings import Finding
 from ..genai import ryzenai_options
 from ..package import Package
 
-MODULES = ("files", "jsonfiles", "quant", "provider", "consistency", "buckets", "graph", "manifest", "npu_format")
+MODULES = ("files", "jsonfiles", "quant", "provider", "consistency", "buckets", "graph", "manifest", "npu_format", "advice")
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,8 @@ def test_check_catches(make_pkg, case):
 def test_every_check_has_a_failing_case():
     covered = {c[3] for c in CASES} | {"RP802"}  # RP802: the verify-hashes tests below
     reference_format = {c for c in load_all() if c.startswith("RP9")}  # tests/stages/test_fuse.py breaks real fused packages
-    assert covered | reference_format >= set(load_all()), sorted(set(load_all()) - covered)
+    advice = {c for c, s in load_all().items() if s.severity == "advice"}  # test_advice.py: a trigger and a quiet case each
+    assert covered | reference_format | advice >= set(load_all()), sorted(set(load_all()) - covered)
 
 
 def test_verify_hashes_catches_a_flipped_byte(make_pkg):

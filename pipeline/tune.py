@@ -1,0 +1,223 @@
+"""`raipack tune`: change a package's length settings in genai_config.json, safely.
+
+Only genai_config.json is rewritten (plus a backup beside it): search.max_length,
+search.chunk_size, hybrid_opt_max_seq_length (a power of two) and
+max_length_for_kv_cache where present. Values the package's compiled tiers, KV
+buffer or Ryzen AI version cannot serve are refused before anything is written;
+the candidate file is validated before the write and the package after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checks import run_checks
+from .checks.advice import prompt_limit, sdk_version
+from .checks.buckets import tiers_present
+from .checks.consistency import lengths
+from .checks.manifest import manifest_files
+from .errors import RaipackError, UsageError
+from .output import atomic_write_bytes
+from .validate import open_package
+
+GENAI = "genai_config.json"
+
+
+class Refused(RaipackError):
+    """The package cannot serve the requested values (exit code 1, nothing written)."""
+
+
+@dataclass
+class Plan:
+    path: Path
+    old_text: str
+    new_text: str
+    changes: list[tuple[str, object, object]]  # (setting, old, new)
+    sdk: tuple[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def diff(self) -> str:
+        lines = difflib.unified_diff(self.old_text.splitlines(True), self.new_text.splitlines(True), f"a/{GENAI}", f"b/{GENAI}")
+        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pow2_floor(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def compiled_tiers(ctx, phase: str) -> list[int]:
+    """Tiers the package is compiled for: its tier files (tiered layouts), else the profile's list."""
+    if ctx.profile["metastate"].get("tiered"):
+        found = tiers_present(ctx.pkg)["Prefill" if phase == "prefill" else "Token"]
+        if found:
+            return sorted(set.intersection(*found.values()))
+    return list(ctx.profile.get("buckets", {}).get(phase) or [])
+
+
+def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size: int | None, sdk: str | None = None, profile: str = "auto") -> Plan:
+    if max_length is None and max_prompt is None and chunk_size is None:
+        raise UsageError("raipack tune needs at least one of --max-length, --max-prompt, --chunk-size", "e.g. raipack tune PACKAGE --max-length 8192")
+    ctx, _ = open_package(path, profile)
+    doc, old_text = _load(ctx)
+    if GENAI in manifest_files(ctx):
+        raise Refused(f"{ctx.pkg.root / 'manifest.json'} records the size and hash of {GENAI}; tuning it would leave the manifest stale (RP801/RP802)", "rebuild the package with the new lengths (raipack build), or tune a copy without manifest.json")
+    L = lengths(ctx)
+    opts, where = ctx.options
+    version = sdk_version(ctx, sdk)
+    ml = max_length or L["max_length"]
+    cs = chunk_size or L["chunk_size"]
+    if not ml:
+        raise Refused(f"{GENAI} has no search.max_length to tune from", "pass --max-length")
+    _check_token_tiers(ctx, ml)
+    prefill = compiled_tiers(ctx, "prefill")
+    if chunk_size is not None:
+        if prefill and chunk_size not in prefill:
+            raise Refused(f"--chunk-size {chunk_size} is not a prefill tier the package is compiled for ({', '.join(map(str, prefill))})", "choose one of those tiers")
+        if not L["chunked"]:
+            raise Refused(f"--chunk-size {chunk_size} needs chunked prefill, but option hybrid_opt_chunk_context is {opts.get('hybrid_opt_chunk_context', 'missing')!r} in {GENAI}", "set hybrid_opt_chunk_context to \"1\" first (a RyzenAI option)")
+    if cs and cs > ml:
+        raise Refused(f"chunk size {cs} is above max_length {ml}", "use a chunk size at most --max-length")
+    limit = prompt_limit(ctx, version[0])
+    if limit is None:
+        raise UsageError(f"--sdk-version {version[0]}: neither rai_config.json nor profile {ctx.profile['id']} gives a max_prompt_length for it", f"choose one of: {', '.join(sorted({**ctx.profile.get('max_prompt_length', {}), **L['max_prompt']}))}")
+    prompt = max_prompt or min(limit[0], ml)
+    if prompt > limit[0]:
+        raise Refused(f"--max-prompt {prompt} is above the {limit[0]} tokens Ryzen AI {version[0]} allows ({limit[1]})", "lower --max-prompt, or name a newer release with --sdk-version")
+    if prompt > ml:
+        raise Refused(f"max prompt {prompt} is above max_length {ml}: such a prompt leaves no room for an answer", "raise --max-length or lower --max-prompt")
+    over = {v: n for v, n in L["max_prompt"].items() if n > ml}
+    if over:
+        raise Refused(f"--max-length {ml} is below rai_config.json's max_prompt_length {max(over.values())} (Ryzen AI {', '.join(sorted(over))}), which this command does not change", f"use --max-length {max(over.values())} or more")
+    new = copy.deepcopy(doc)
+    search = new.setdefault("search", {})
+    changes = []
+
+    def put(name, container, key, value):
+        old = container.get(key)
+        if old != value:
+            container[key] = value
+            changes.append((name, old, value))
+
+    put("search.max_length", search, "max_length", ml)
+    if chunk_size is not None:
+        put("search.chunk_size", search, "chunk_size", chunk_size)
+    kv = ml if "max_length_for_kv_cache" in opts else None
+    if kv is not None:
+        put("max_length_for_kv_cache", _container(new, where["max_length_for_kv_cache"]), "max_length_for_kv_cache", str(kv))
+    if "hybrid_opt_max_seq_length" in opts:
+        seq = _seq_length(ctx, ml, cs if L["chunked"] else None, prompt, kv, prefill)
+        put("hybrid_opt_max_seq_length", _container(new, where["hybrid_opt_max_seq_length"]), "hybrid_opt_max_seq_length", str(seq))
+    new_text = dump_like(new, old_text)
+    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version)
+    _prevalidate(path, profile, new, version[0])
+    return p
+
+
+def _load(ctx) -> tuple[dict, str]:
+    path = ctx.pkg.root / GENAI
+    if GENAI not in ctx.pkg.files:
+        raise RaipackError(f"{path} is missing: there is nothing to tune", "tune a package folder that holds genai_config.json")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+        doc = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RaipackError(f"{path} cannot be read as JSON ({exc}); expected the package's genai_config.json", "run `raipack validate` on the package first") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("search", {}), dict):
+        raise RaipackError(f"{path}: search is not a JSON object; expected genai_config.json's search settings", "run `raipack validate` on the package first")
+    return doc, text
+
+
+def _check_token_tiers(ctx, ml: int) -> None:
+    token = compiled_tiers(ctx, "token")
+    top = max(token) if token else ctx.profile.get("context")
+    if top and ml > top:
+        raise Refused(f"--max-length {ml} is above {top}, the largest token tier profile {ctx.profile['id']} packages are compiled for", f"use --max-length {top} or less")
+    cl = lengths(ctx)["context_length"]
+    if cl and ml > cl:
+        raise Refused(f"--max-length {ml} is above the model's context_length {cl} ({GENAI} /model/context_length)", f"use --max-length {cl} or less")
+
+
+def _seq_length(ctx, ml: int, chunk: int | None, prompt: int, kv: int | None, prefill: list[int]) -> int:
+    """hybrid_opt_max_seq_length: one NPU pass (the chunk, else the whole sequence),
+    rounded up to a power of two, else down to the largest one the tiers and KV buffer allow."""
+    want, need = (chunk, chunk) if chunk else (ml, prompt)
+    tiers = prefill if chunk else compiled_tiers(ctx, "token")
+    caps = [c for c in (max(tiers) if tiers else ctx.profile.get("context"), kv) if c]
+    cap = min(caps) if caps else None
+    seq = pow2_ceil(want)
+    if cap and seq > cap:
+        seq = pow2_floor(cap)
+    if seq < need:
+        raise Refused(f"no power of two between {need} (one NPU pass) and {cap} (the largest tier or KV buffer) fits hybrid_opt_max_seq_length", "choose lengths that are powers of two, or a chunk size that is a tier")
+    return seq
+
+
+def _container(doc: dict, pointer: str) -> dict:
+    node = doc
+    for part in pointer.strip("/").split("/")[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
+def dump_like(doc: dict, original: str) -> str:
+    """JSON text of `doc` with the original's indent, ASCII-ness and final newline."""
+    m = re.search(r"\n([ \t]+)\S", original)
+    indent = None if m is None else ("\t" if m[1].startswith("\t") else len(m[1]))
+    ascii_only = original.isascii()
+    text = json.dumps(doc, indent=indent, ensure_ascii=ascii_only)
+    return text + "\n" if original.endswith("\n") else text
+
+
+def _prevalidate(path: Path, profile: str, candidate: dict, version: str) -> None:
+    """Refuse when the candidate file would fail a check the current one passes."""
+    def errors(virtual):
+        ctx, _ = open_package(path, profile, virtual=virtual)
+        ctx.sdk_version = version
+        found, _ = run_checks(ctx)
+        return {(f.check_id, f.path, f.pointer): f for f in found if f.severity == "error"}
+
+    before, after = errors(None), errors({GENAI: candidate})
+    new = [f for key, f in after.items() if key not in before]
+    if new:
+        f = new[0]
+        raise Refused(f"the new settings would fail check {f.check_id}: {f.path} {f.message}", f.hint or "choose other values")
+
+
+def backup_path(target: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    candidate, n = target.with_name(f"{target.name}.{stamp}.bak"), 1
+    while candidate.exists():
+        candidate, n = target.with_name(f"{target.name}.{stamp}-{n}.bak"), n + 1
+    return candidate
+
+
+def apply(p: Plan) -> Path | None:
+    """Back up the file, then replace it atomically; None when nothing changes."""
+    if p.new_text == p.old_text:
+        return None
+    original = p.path.read_bytes()
+    if original.decode("utf-8-sig") != p.old_text:
+        raise RaipackError(f"{p.path} changed while raipack tune was running", "run raipack tune again")
+    backup = backup_path(p.path)
+    atomic_write_bytes(backup, original)
+    atomic_write_bytes(p.path, p.new_text.encode("utf-8"))
+    return backup
+
+
+def revalidate(path: Path, profile: str, version: str):
+    from .findings import Result
+
+    ctx, reason = open_package(path, profile)
+    ctx.sdk_version = version
+    findings, ran = run_checks(ctx)
+    return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files))

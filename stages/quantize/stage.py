@@ -38,6 +38,8 @@ def run(job: Job) -> dict:
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
         raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
     src = job.inputs["source"]
+    from .memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
+    memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
     try:
         texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
         report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
@@ -45,6 +47,7 @@ def run(job: Job) -> dict:
                           progress=job.progress.callback("quantize"))
     except (QuantizeError, CalibrationError) as exc:
         raise RaipackError(str(exc), getattr(exc, "hint", "") or "fix the recipe's [quantize] options or the input model") from None
+    report["memory"] = memory  # next to the measured peak_rss_bytes
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")
     if cfg.quality:
@@ -86,4 +89,5 @@ STAGE = Stage(
     run=run,
     tools=("amd-quark", "torch", "transformers"),
     kind="quark",
+    profile_keys=(),  # the release and its tiers do not change this stage's output
 )

@@ -37,11 +37,11 @@ demo: $(STAMP)
 # The many fast cases in parallel, then the one end-to-end build of the real
 # example model on both cores.
 test: $(STAMP) $(LIGHT)/.installed
-	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -m pytest -n $(JOBS) -m "not slow" --durations=10
+	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -m pytest -n $(JOBS) -m "not slow" --dist loadgroup --durations=10
 	$(PY) -m pytest -m slow --durations=5
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m "not slow"
+	$(PY) -m pytest -n $(JOBS) -m "not slow" --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) bench/run.py

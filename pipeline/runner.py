@@ -108,7 +108,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         if missing:
             raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
         digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
-        ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": profile}, digests, manifest.tool_versions(st.tools))  # the whole profile: its tiers and options shape the output
+        ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
         t0 = time.perf_counter()
         hit = None if forcing else cache.lookup(st.name, ckey, cache_root)
         if hit is None and from_ and names.index(name) < names.index(from_):

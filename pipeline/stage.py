@@ -29,6 +29,11 @@ class Stage:
     run: Callable[["Job"], dict]
     tools: tuple[str, ...] = ()  # distributions whose versions enter the cache key
     kind: str = ""  # the manifest's kind
+    profile_keys: tuple[str, ...] | None = None  # the target profile's keys the output depends on (None: all of it)
+
+    def profile_part(self, profile: dict) -> dict:
+        """What of the target profile enters this stage's cache key."""
+        return profile if self.profile_keys is None else {k: profile.get(k) for k in self.profile_keys}
 
 
 @dataclass

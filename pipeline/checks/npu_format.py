@@ -330,7 +330,8 @@ def tier_options(ctx):
     """In a raipack package, the provider options and search settings agree
     with the tiers the package holds: `search.max_length` is the largest
     token tier (and `max_length_for_kv_cache`, when set, equals it);
-    `hybrid_opt_max_seq_length` is the largest prefill tier; `chunk_size`
+    `hybrid_opt_max_seq_length` is the largest prefill tier (1.8) or the
+    largest power of two within `max_length` (1.7.1 16K); `chunk_size`
     is a prefill tier; chunked prefill (`hybrid_opt_chunk_context` "1") is on
     whenever `rai_config.max_prompt_length` exceeds the largest prefill tier;
     the header's tiers are the profile's tiers up to `max_length`."""
@@ -351,8 +352,10 @@ def tier_options(ctx):
         yield ctx.finding(GENAI, f"search.max_length is {ml}, but the package's largest token tier is {token[-1]} (header max_length {t.get('max_length')})", "rebuild the package; the static KV buffer is sized by the largest token tier", "/search/max_length")
     if L["kv_cache"] is not None and L["kv_cache"] != token[-1]:
         yield ctx.finding(GENAI, f"max_length_for_kv_cache is {L['kv_cache']}, but the largest token tier is {token[-1]}", "set it to the largest token tier", where.get("max_length_for_kv_cache", ""))
-    if L["npu_seq"] is not None and L["npu_seq"] != prefill[-1]:
-        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but the largest prefill tier is {prefill[-1]}", "set it to the largest prefill tier", where.get("hybrid_opt_max_seq_length", ""))
+    built = (ctx.profile["genai"]["options"].get("hybrid_opt_max_seq_length") or {}).get("build", "{npu_seq}")
+    want, what = (1 << (token[-1].bit_length() - 1), "the largest power of two within max_length") if built == "{max_length_pow2}" else (prefill[-1], "the largest prefill tier")
+    if L["npu_seq"] is not None and L["npu_seq"] != want:
+        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to {what}, {want}", f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
     if L["chunk_size"] is not None and L["chunk_size"] not in prefill:
         yield ctx.finding(GENAI, f"search.chunk_size {L['chunk_size']} is not one of the prefill tiers {prefill}", "make chunk_size a prefill tier", "/search/chunk_size")
     too_long = {v: n for v, n in L["max_prompt"].items() if n > prefill[-1]}

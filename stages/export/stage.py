@@ -56,4 +56,5 @@ STAGE = Stage(
     run=run,
     tools=("onnxruntime-genai", "onnx", "onnxruntime", "transformers", "torch"),
     kind="oga",
+    profile_keys=("target",),  # hybrid targets export for DirectML, NPU targets for the CPU
 )

@@ -467,9 +467,17 @@ def _copy_missing_files(src_dir: Path, out_dir: Path) -> list[str]:
     return copied
 
 
-def _fix_config(out_dir: Path) -> dict[str, Any]:
+# transformers 5 saves rotary settings as `rope_parameters`; published checkpoints (and the tools that read
+# packages: AMD's model_generate, older transformers) use these keys, so the source's own values are kept.
+SOURCE_KEYS_KEPT = ("rope_scaling", "rope_theta", "original_max_position_embeddings")
+
+
+def _fix_config(out_dir: Path, src_cfg: dict | None = None) -> dict[str, Any]:
     path = out_dir / "config.json"
     cfg = json.loads(path.read_text(encoding="utf-8"))
+    for key in SOURCE_KEYS_KEPT:
+        if key in (src_cfg or {}) and key not in cfg:
+            cfg[key] = src_cfg[key]
     qc = cfg.get("quantization_config")
     if not isinstance(qc, dict) or qc.get("quant_method") != "quark":
         raise QuantizeError(f"{path}: Quark's export wrote no quark quantization_config")
@@ -601,7 +609,7 @@ def quantize(
             model, str(tmp), custom_mode="quark", weight_format="real_quantized", pack_method="reorder"
         )
         export_seconds = time.perf_counter() - t_e
-        qc = _fix_config(tmp)
+        qc = _fix_config(tmp, cfg)
         copied = _copy_missing_files(src_dir, tmp)
         quantized = _quantized_tensor_names(tmp)
         files = sorted(p.name for p in tmp.iterdir())

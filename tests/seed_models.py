@@ -1,0 +1,85 @@
+"""Tiny stand-ins for the seed model families (tests/data/seeds.json).
+
+Each has the real family's config shape — architecture, rope settings, vocabulary, tied or
+untied head, head-count ratio — at 2 layers and a few hundred hidden units, a byte-level BPE
+tokenizer trained on the bundled calibration text, and weights trained for a few dozen steps so
+greedy decoding is not a coin toss between near-equal logits. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SEEDS = json.loads((Path(__file__).parent / "data" / "seeds.json").read_text())
+FAMILIES = SEEDS["families"]
+PACKAGES = SEEDS["packages"]
+
+PHI_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def tiny_config(family: str) -> dict:
+    """The family's config with the tiny dimensions applied (everything else real)."""
+    spec = FAMILIES[family]
+    return {**spec["config"], **spec["tiny"]}
+
+
+def make_tiny_model(family: str, out_dir: Path, *, train_steps: int = 60, seed: int = 0) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from test_stages.conftest import train_bpe_tokenizer
+    from test_stages.conftest_export import TRAIN_TEXT
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = train_bpe_tokenizer(out_dir)
+    fields = tiny_config(family)
+    fields.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model_type = fields.pop("model_type")
+    fields.pop("architectures")
+    fields.pop("torch_dtype", None)
+    cfg = AutoConfig.for_model(model_type, **fields)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    ids = torch.tensor(tok(TRAIN_TEXT)["input_ids"])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    used = len(tok)  # train the head rows the tokenizer can produce: a 128256-row head costs 250× more
+    head = model.get_output_embeddings().weight
+    for _ in range(train_steps):
+        starts = torch.randint(0, ids.numel() - 65, (8,))
+        batch = torch.stack([ids[s: s + 65] for s in starts.tolist()])
+        hidden = model.model(input_ids=batch[:, :-1]).last_hidden_state
+        logits = hidden @ head[:used].T
+        torch.nn.functional.cross_entropy(logits.reshape(-1, used), batch[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():  # rows no token reaches stay far below the trained ones
+        head[used:].mul_(0.1)
+    model.eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, do_sample=False).save_pretrained(out_dir)
+    _published_rope_form(out_dir / "config.json", FAMILIES[family]["config"])
+    return out_dir
+
+
+def _published_rope_form(path: Path, real: dict) -> None:
+    """transformers 5 saves `rope_parameters`; the published checkpoints carry `rope_theta` and
+    `rope_scaling`, which is what users' folders hold, so the test models do too."""
+    doc = json.loads(path.read_text())
+    doc.pop("rope_parameters", None)
+    doc["rope_theta"] = real["rope_theta"]
+    doc["rope_scaling"] = real["rope_scaling"]
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":  # python tests/seed_models.py FAMILY OUT_DIR
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    print(make_tiny_model(sys.argv[1], Path(sys.argv[2])))

@@ -1,0 +1,85 @@
+"""The seed packages at their real dimensions, without their weights (issue 7).
+
+Each of the five packages the project started from is generated with its real model's config
+(layers, heads, KV heads, head size, vocabulary, rope settings), its profile's bucket files and
+sparse weight files of the real sizes, then validated: the cross-file rules hold at 8B scale. A
+second package per seed breaks one cross-file fact and must fail.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from factory import Dims, make_package, write_json
+from pipeline.genai import ryzenai_options
+from pipeline.validate import validate
+from seed_models import FAMILIES, PACKAGES
+
+GiB = 1024**3
+
+
+def real_dims(family: str) -> Dims:
+    c = FAMILIES[family]["config"]
+    head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return Dims(layers=c["num_hidden_layers"], heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], head_size=head,
+                vocab=c["vocab_size"], intermediate=c["intermediate_size"], context_length=c["max_position_embeddings"], tokenizer_vocab=c["vocab_size"])
+
+
+def params(family: str) -> int:
+    c = FAMILIES[family]["config"]
+    h, i, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    head = c.get("head_dim") or h // c["num_attention_heads"]
+    attn = h * head * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2)
+    return n * (attn + 3 * h * i + 2 * h) + v * h * (1 if c["tie_word_embeddings"] else 2) + h
+
+
+def seed_package(root, name: str):
+    spec = PACKAGES[name]
+    family = FAMILIES[spec["family"]]
+    n = params(spec["family"])
+    emb = family["config"]["vocab_size"] * family["config"]["hidden_size"]
+    pkg = make_package(root, spec["profile"], real_dims(spec["family"]), sparse=True, name=name,
+                       npu_bytes=(n - emb) // 2 + (n - emb) // 64,  # uint4 payload + scales and zero points
+                       data_bytes=emb * 2)  # the bfloat16 embedding stays on the CPU side
+    cfg = json.loads((pkg / "config.json").read_text())
+    write_json(pkg / "config.json", {**family["config"], "quantization_config": cfg["quantization_config"]})
+    genai = json.loads((pkg / "genai_config.json").read_text())
+    genai["model"]["type"] = family["config"]["model_type"]
+    if family["config"]["model_type"] == "phi3":  # the seed article's Phi-3.5 16K settings
+        genai["search"]["chunk_size"] = 8192
+        genai["model"]["decoder"]["session_options"]["provider_options"][0]["RyzenAI"]["hybrid_opt_max_seq_length"] = "8192"
+    write_json(pkg / "genai_config.json", genai)
+    return pkg
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_seed_package_layout_validates_at_real_size(tmp_path, name):
+    pkg = seed_package(tmp_path, name)
+    family = FAMILIES[PACKAGES[name]["family"]]["config"]
+    n = params(PACKAGES[name]["family"])
+    assert n > 3e9 and (pkg / "model.bin").stat().st_size > 0.45 * n > GiB  # real-sized (sparse): about half a byte per weight
+    result = validate(pkg)
+    assert result.profile == PACKAGES[name]["profile"], result.profile_reason
+    assert "folder name" in result.profile_reason
+    assert [f for f in result.findings if f.severity in ("error", "warning")] == []
+    genai = json.loads((pkg / "genai_config.json").read_text())
+    dec = genai["model"]["decoder"]
+    assert (dec["num_hidden_layers"], dec["num_key_value_heads"], genai["model"]["vocab_size"]) == (
+        family["num_hidden_layers"], family["num_key_value_heads"], family["vocab_size"])
+    if family["model_type"] == "phi3":
+        assert "phi3 settings" in result.profile_reason
+    opts, _ = ryzenai_options(genai)
+    assert opts["hybrid_opt_token_backend"] == "npu"
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_seed_package_with_a_broken_cross_file_fact_fails(tmp_path, name):
+    """The same package with genai_config.json's KV head count off by a factor of two."""
+    pkg = seed_package(tmp_path, name)
+    genai = json.loads((pkg / "genai_config.json").read_text())
+    genai["model"]["decoder"]["num_key_value_heads"] //= 2
+    write_json(pkg / "genai_config.json", genai)
+    errors = [f for f in validate(pkg).findings if f.severity == "error"]
+    assert errors and any("key" in f.message.lower() and "head" in f.message.lower() for f in errors), errors

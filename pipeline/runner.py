@@ -96,6 +96,10 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     results: list[StageResult] = []
     if recipe.model is not None:
         outputs["source"] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+    for name in names:  # what a later stage would refuse, refused before the first one spends minutes
+        st = stages.get(name)
+        if st.preflight is not None:
+            st.preflight(parse_config(st.config, recipe.stages.get(name), f"[{name}]"), profile)
     forcing = force
     for name in names:
         if name == "source" and recipe.model is not None:

@@ -30,6 +30,7 @@ class Stage:
     tools: tuple[str, ...] = ()  # distributions whose versions enter the cache key
     kind: str = ""  # the manifest's kind
     profile_keys: tuple[str, ...] | None = None  # the target profile's keys the output depends on (None: all of it)
+    preflight: Callable[[Any, dict], None] | None = None  # (config, target profile): refuse before any stage runs
 
     def profile_part(self, profile: dict) -> dict:
         """What of the target profile enters this stage's cache key."""

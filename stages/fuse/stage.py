@@ -64,6 +64,13 @@ def output_profile(job: Job) -> str:
     return job.profile["id"] if backend == "ryzenai-sdk" else reference_profile(job.profile)
 
 
+def preflight(config: FuseConfig, target: dict) -> None:
+    """The reference backend builds only targets that have a reference profile (not hybrid ones)."""
+    backend, _ = choose_backend(config.backend)
+    if backend == "reference":
+        reference_profile(target)
+
+
 STAGE = Stage(
     name="fuse",
     version="1",
@@ -73,4 +80,5 @@ STAGE = Stage(
     run=run,
     tools=("onnx", "onnxruntime", "numpy"),
     kind="package",
+    preflight=preflight,
 )

@@ -516,3 +516,18 @@ def test_assign_offsets_never_overlaps_live_buffers():
         for y in bufs:
             if x is not y and x["first_step"] <= y["last_step"] and y["first_step"] <= x["last_step"]:
                 assert x["offset"] + x["size"] <= y["offset"] or y["offset"] + y["size"] <= x["offset"]
+
+
+def test_hybrid_target_is_refused_before_any_stage_runs(tiny_llama, tmp_path, monkeypatch, capsys):
+    """The reference backend writes NPU packages only; a hybrid target is refused up front, not after
+    minutes of quantizing."""
+    from pipeline.cli import main
+
+    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(tiny_llama), "--profile", "1.8.0-hybrid", "--output", str(tmp_path / "out"), "--backend", "reference"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and "Traceback" not in out + err  # a usage error: this target cannot be built
+    assert "profile 1.8.0-hybrid has no reference profile" in err and "1.8.0-npu-16K" in err
+    assert "quantize" not in out + err.split("ERROR")[0]
+    assert not any((tmp_path / "cache").rglob("manifest.json"))

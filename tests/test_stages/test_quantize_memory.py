@@ -230,4 +230,4 @@ def test_cli_records_estimate_next_to_measured_peak(tiny_llama, tmp_path):
     # ... and its model-dependent part (dominated by the clipping search here) is not a wild overestimate
     modelled = mem["estimate_bytes"] - mem["breakdown"]["overhead"]
     assert modelled >= mem["activation_terms"]["clip_search"] > 200 * 2**20
-    assert mem["estimate_bytes"] < 1.5 * peak, (mem, peak)
+    assert mem["estimate_bytes"] < peak + 0.6 * GIB, (mem, peak)  # a tiny model is mostly runtime: the slack is absolute

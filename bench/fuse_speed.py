@@ -19,34 +19,25 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))
+
+from factory import Dims  # noqa: E402  (the tests' model dimensions; the bench shares them)
 
 THREADS = 2
 NEW_TOKENS = 64
 
 
-@dataclass
-class Shape:
-    layers: int = 16
-    hidden: int = 2048
-    heads: int = 32
-    kv_heads: int = 8
-    intermediate: int = 8192
-    vocab: int = 32000
-    context: int = 16384
-    block: int = 128
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden // self.heads
+def llama_1gb() -> Dims:
+    """~1 GB Llama-shaped: bytes dominate fuse time and matmuls dominate decode, as in real models."""
+    return Dims(layers=16, heads=32, kv_heads=8, head_size=64, vocab=32000, intermediate=8192, context_length=16384, group_size=128)
 
 
-def synthetic_export(out: Path, s: Shape, seed: int = 0) -> Path:
+def synthetic_export(out: Path, s: Dims, seed: int = 0) -> Path:
     """An OGA-builder-shaped int4 decoder (model.onnx + model.onnx.data + genai_config.json)."""
     import numpy as np
     import onnx
@@ -76,12 +67,12 @@ def synthetic_export(out: Path, s: Shape, seed: int = 0) -> Path:
         return name
 
     def qmatmul(prefix, x, K, N):
-        nb = K // s.block
-        w = add(f"{prefix}.qweight", rng.integers(0, 256, (N, nb, s.block // 2), dtype=np.uint8))
+        nb = K // s.group_size
+        w = add(f"{prefix}.qweight", rng.integers(0, 256, (N, nb, s.group_size // 2), dtype=np.uint8))
         sc = add(f"{prefix}.scales", (rng.random(N * nb, dtype=np.float32) * 0.02 / np.sqrt(K / 256)).astype(np.float32))
         zp = add(f"{prefix}.qzeros", np.full(N * ((nb + 1) // 2), 0x88, np.uint8))
         y = f"{prefix}/output_0"
-        nodes.append(helper.make_node("MatMulNBits", [x, w, sc, zp], [y], name=prefix, domain="com.microsoft", K=K, N=N, bits=4, block_size=s.block, accuracy_level=4))
+        nodes.append(helper.make_node("MatMulNBits", [x, w, sc, zp], [y], name=prefix, domain="com.microsoft", K=K, N=N, bits=4, block_size=s.group_size, accuracy_level=4))
         return y
 
     nodes = [
@@ -97,7 +88,7 @@ def synthetic_export(out: Path, s: Shape, seed: int = 0) -> Path:
     emb = add("model.embed_tokens.weight", (rng.standard_normal((s.vocab, H), dtype=np.float32) * 0.5))
     nodes.append(helper.make_node("Gather", [emb, "input_ids"], ["/model/embed_tokens/Gather/output_0"], name="/model/embed_tokens/Gather"))
     inv = 1.0 / (10000 ** (np.arange(0, hs, 2, dtype=np.float32) / hs))
-    ang = np.outer(np.arange(s.context, dtype=np.float32), inv)
+    ang = np.outer(np.arange(s.context_length, dtype=np.float32), inv)
     add("cos_cache", np.cos(ang).astype(np.float32))
     add("sin_cache", np.sin(ang).astype(np.float32))
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
@@ -140,20 +131,20 @@ def synthetic_export(out: Path, s: Shape, seed: int = 0) -> Path:
     model.ir_version = 10
     onnx.save_model(model, str(out / "model.onnx"))
     genai = {
-        "model": {"bos_token_id": 1, "context_length": s.context, "decoder": {
+        "model": {"bos_token_id": 1, "context_length": s.context_length, "decoder": {
             "session_options": {"log_id": "onnxruntime-genai", "provider_options": []}, "filename": "model.onnx", "head_size": hs, "hidden_size": H,
             "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
             "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
             "num_attention_heads": s.heads, "num_hidden_layers": s.layers, "num_key_value_heads": kvh},
             "eos_token_id": 2, "pad_token_id": 0, "type": "llama", "vocab_size": s.vocab},
-        "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0, "max_length": s.context, "min_length": 0,
+        "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0, "max_length": s.context_length, "min_length": 0,
                    "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1, "past_present_share_buffer": True, "repetition_penalty": 1.0,
                    "temperature": 1.0, "top_k": 50, "top_p": 1.0},
     }
     (out / "genai_config.json").write_text(json.dumps(genai, indent=4))
     (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "num_hidden_layers": s.layers,
-                                                 "num_attention_heads": s.heads, "num_key_value_heads": kvh, "vocab_size": s.vocab, "max_position_embeddings": s.context,
-                                                 "quantization_config": {"quant_method": "quark", "global_quant_config": {"weight": {"dtype": "uint4", "group_size": s.block, "symmetric": False}}}}))
+                                                 "num_attention_heads": s.heads, "num_key_value_heads": kvh, "vocab_size": s.vocab, "max_position_embeddings": s.context_length,
+                                                 "quantization_config": {"quant_method": "quark", "global_quant_config": {"weight": {"dtype": "uint4", "group_size": s.group_size, "symmetric": False}}}}))
     return out
 
 
@@ -208,7 +199,7 @@ def rows(tmp: Path) -> list[dict]:
     from stages.fuse.reference import fuse
 
     out = []
-    for label, shape in (("~1 GB Llama-shaped", Shape()), ("tiny (hidden 256, 2 layers)", Shape(layers=2, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=512))):
+    for label, shape in (("~1 GB Llama-shaped", llama_1gb()), ("tiny (hidden 256, 2 layers)", Dims(layers=2, heads=4, kv_heads=2, head_size=64, intermediate=512, vocab=512, context_length=16384))):
         export = synthetic_export(tmp / f"export-{shape.layers}", shape)
         profile = get_profile("reference-16K")
         pkg = tmp / f"pkg-{shape.layers}"

@@ -22,6 +22,7 @@ from .checks.advice import prompt_limit, sdk_version
 from .checks.buckets import tiers_present
 from .checks.consistency import lengths
 from .checks.manifest import manifest_files
+from .checks.provider import pow2_ceil, pow2_floor
 from .errors import RaipackError, UsageError
 from .output import atomic_write_bytes
 from .validate import open_package
@@ -45,14 +46,6 @@ class Plan:
     def diff(self) -> str:
         lines = difflib.unified_diff(self.old_text.splitlines(True), self.new_text.splitlines(True), f"a/{GENAI}", f"b/{GENAI}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
-
-
-def pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def pow2_floor(n: int) -> int:
-    return 1 << (n.bit_length() - 1)
 
 
 def compiled_tiers(ctx, phase: str) -> list[int]:

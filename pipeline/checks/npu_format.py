@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 from . import check
-from .provider import weights_sibling
+from .provider import pow2_floor, weights_sibling
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
@@ -353,7 +353,7 @@ def tier_options(ctx):
     if L["kv_cache"] is not None and L["kv_cache"] != token[-1]:
         yield ctx.finding(GENAI, f"max_length_for_kv_cache is {L['kv_cache']}, but the largest token tier is {token[-1]}", "set it to the largest token tier", where.get("max_length_for_kv_cache", ""))
     built = (ctx.profile["genai"]["options"].get("hybrid_opt_max_seq_length") or {}).get("build", "{npu_seq}")
-    want, what = (1 << (token[-1].bit_length() - 1), "the largest power of two within max_length") if built == "{max_length_pow2}" else (prefill[-1], "the largest prefill tier")
+    want, what = (pow2_floor(token[-1]), "the largest power of two within max_length") if built == "{max_length_pow2}" else (prefill[-1], "the largest prefill tier")
     if L["npu_seq"] is not None and L["npu_seq"] != want:
         yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to {what}, {want}", f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
     if L["chunk_size"] is not None and L["chunk_size"] not in prefill:

@@ -21,6 +21,16 @@ def is_power_of_two(text) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def pow2_floor(n: int) -> int:
+    """The largest power of two at or below n (n >= 1)."""
+    return 1 << (n.bit_length() - 1)
+
+
+def pow2_ceil(n: int) -> int:
+    """The smallest power of two at or above n."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def weights_sibling(header: str) -> str:
     """model.pb.bin → model.bin; model_jit.pb.bin → model_jit.bin."""
     return header[: -len(".pb.bin")] + ".bin" if header.endswith(".pb.bin") else header + ".bin"

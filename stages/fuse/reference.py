@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from pipeline import profile as profiles
+from pipeline.checks.provider import is_power_of_two, pow2_floor
 from pipeline.errors import RaipackError
 from stages.source import atomic_replace_dir
 
@@ -43,10 +44,6 @@ SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penal
 
 class FuseError(RaipackError):
     """A fuse input or setting that cannot make a package; str() is the sentence, `hint` the next step."""
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def lengths_for(profile: dict, context_length: int | None) -> dict:
@@ -83,7 +80,7 @@ def lengths_for(profile: dict, context_length: int | None) -> dict:
     if not chunked:
         mpl = {v: min(n, prefill[-1]) for v, n in mpl.items()}
     return {"max_length": max_length, "prefill": prefill, "token": token, "chunk_size": int(chunk) if chunk is not None else None,
-            "chunked": chunked, "max_prompt_length": mpl, "npu_seq": prefill[-1], "max_length_pow2": 1 << (max_length.bit_length() - 1)}
+            "chunked": chunked, "max_prompt_length": mpl, "npu_seq": prefill[-1], "max_length_pow2": pow2_floor(max_length)}
 
 
 def _token_window(token_tiers: list[int], end: int) -> int:
@@ -172,7 +169,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     profile = profiles.for_model(profile, genai["model"].get("type"))
     L = lengths_for(profile, context)
     findings: list[dict] = []
-    if not _is_pow2(L["npu_seq"]):
+    if not is_power_of_two(L["npu_seq"]):
         findings.append({"check_id": "fuse-lengths", "severity": "error", "path": "genai_config.json", "pointer": "/model/decoder/session_options",
                          "message": f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be", "hint": "make the profile's largest prefill tier a power of two"})
 

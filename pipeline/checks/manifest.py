@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 
 from ..hashing import sha256_many
 from . import check
@@ -10,20 +10,25 @@ from . import check
 MANIFEST = "manifest.json"
 
 
-def manifest_files(ctx) -> dict[str, dict]:
+def manifest_entries(ctx) -> list[tuple[int, dict]]:
+    """(index in `files`, entry) of each manifest entry that names a path."""
     m = ctx.pkg.try_json(MANIFEST)
     if not isinstance(m, dict) or not isinstance(m.get("files"), list):
-        return {}
-    return {e["path"]: e for e in m["files"] if isinstance(e, dict) and isinstance(e.get("path"), str)}
+        return []
+    return [(i, e) for i, e in enumerate(m["files"]) if isinstance(e, dict) and isinstance(e.get("path"), str)]
+
+
+def manifest_files(ctx) -> dict[str, dict]:
+    return {e["path"]: e for _, e in manifest_entries(ctx)}
 
 
 @check("RP801", "manifest")
 def manifest(ctx):
     """Where a raipack `manifest.json` is present, the build that wrote it
     finished (`complete: true`), every file it lists is present with the
-    recorded size, and no file of the package is missing from it. A folder
-    without a complete manifest, or with raipack's `.raipack-incomplete`
-    marker, is an unfinished build."""
+    recorded size, no path is listed twice, and no file of the package is
+    missing from it. A folder without a complete manifest, or with raipack's
+    `.raipack-incomplete` marker, is an unfinished build."""
     from ..manifest import INCOMPLETE
 
     if INCOMPLETE in ctx.pkg.files:
@@ -33,8 +38,13 @@ def manifest(ctx):
         return
     if m.get("complete") is not True:
         yield ctx.finding(MANIFEST, "does not say complete: true; the build that wrote this folder did not finish", "run the build again", "/complete")
-    listed = manifest_files(ctx)
-    for i, (rel, entry) in enumerate(listed.items()):
+    listed, first = manifest_files(ctx), {}
+    for i, entry in manifest_entries(ctx):
+        rel = entry["path"]
+        if rel in first:
+            yield ctx.finding(rel, f"is listed twice in manifest.json, at /files/{first[rel]} and /files/{i}", "rebuild the package; a manifest lists each file once", f"/files/{i}")
+            continue
+        first[rel] = i
         fe = ctx.pkg.files.get(rel)
         if fe is None:
             yield ctx.finding(rel, "is listed in manifest.json but missing", "copy the complete package again", f"/files/{i}")
@@ -45,52 +55,56 @@ def manifest(ctx):
             yield ctx.finding(rel, "is not listed in manifest.json", "remove files added after the build, or rebuild", severity="warning")
 
 
-def lfs_oids_from_git(ctx) -> dict[str, str]:
-    """path → sha256 recorded in the LFS pointers of a git clone's index."""
-    root = ctx.pkg.root
-    if not (root / ".git").exists():
-        return {}
-    try:
-        listing = subprocess.run(["git", "-C", str(root), "ls-files", "-s"], capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    blobs = {}
-    for line in listing.splitlines():
-        meta, _, path = line.partition("\t")
-        parts = meta.split()
-        if len(parts) == 3 and path in ctx.pkg.files:
-            blobs[path] = parts[1]
-    if not blobs:
-        return {}
-    query = "".join(f"{b}\n" for b in blobs.values())
-    try:
-        out = subprocess.run(["git", "-C", str(root), "cat-file", "--batch"], input=query.encode(), capture_output=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    from ..package import parse_lfs_pointer
+def lfs_oids_from_git(ctx, paths) -> tuple[dict[str, str], list]:
+    """path -> sha256 recorded in the Git LFS pointers that a git clone's index
+    holds for `paths`, and findings for what could not be read. The index and
+    objects are read as files (pipeline/gitread.py): git itself never runs in
+    a package, so nothing its `.git/config` or hooks name can run."""
+    from ..gitread import GitReadError, MissingObject, NotFollowed, Repo
+    from ..package import LFS_MAX_SIZE, parse_lfs_pointer
 
-    oids, pos = {}, 0
-    for path in blobs:
-        header_end = out.index(b"\n", pos)
-        size = int(out[pos:header_end].split()[2])
-        body = out[header_end + 1 : header_end + 1 + size]
-        pos = header_end + 1 + size + 1
-        ptr = parse_lfs_pointer(body[:1024]) if size <= 1024 else None
-        if ptr and ptr.oid.startswith("sha256:"):
-            oids[path] = ptr.oid.split(":", 1)[1]
-    return oids
+    if not os.path.lexists(ctx.pkg.root / ".git"):
+        return {}, []
+    oids, findings = {}, []
+    try:
+        with Repo(ctx.pkg.root) as repo:
+            blobs = {rel: oid for rel, oid in repo.index().items() if rel in paths}
+            for rel, oid in blobs.items():
+                try:
+                    body = repo.small_blob(oid, LFS_MAX_SIZE)
+                except MissingObject:
+                    borrowed = "; the clone borrows objects from another repository (objects/info/alternates), which raipack does not read" if repo.has_alternates else ""
+                    findings.append(ctx.finding(rel, f"has no blob {oid.hex()} in the package's git clone (a partial or shallow clone lacks it){borrowed}, so its Git LFS oid was not checked", "fetch the missing objects, or clone the package again without --filter", severity="warning"))
+                    continue
+                except GitReadError as exc:
+                    findings.append(ctx.finding(rel, f"has a blob in the package's git clone that cannot be read: {exc}; its Git LFS oid was not checked", "clone the package again", severity="warning"))
+                    continue
+                ptr = parse_lfs_pointer(body) if body is not None else None
+                if ptr and ptr.oid.startswith("sha256:"):
+                    oids[rel] = ptr.oid.split(":", 1)[1]
+    except NotFollowed as exc:
+        findings.append(ctx.finding(".git", f"{exc}; no Git LFS oids were read", "validate the clone itself, where .git is a folder", severity="info"))
+    except GitReadError as exc:
+        findings.append(ctx.finding(".git", f"cannot be read as a git clone: {exc}; no Git LFS oids were checked", "clone the package again", severity="warning"))
+    except OSError as exc:
+        findings.append(ctx.finding(".git", f"cannot be read: {exc.strerror or exc}; no Git LFS oids were checked", "check its permissions", severity="warning"))
+    return oids, findings
 
 
 @check("RP802", "content-hash", needs="verify_hashes")
 def content_hash(ctx):
     """With `--verify-hashes`: each file's sha256 equals the one raipack's
     manifest.json records, or the oid of its Git LFS pointer in the package's
-    git clone. Files are hashed in parallel on every core."""
+    git clone. Files are hashed in parallel on every core. The clone's index
+    and objects are read as plain files: git never runs in a package, so
+    nothing its `.git/config` or hooks name can run."""
     expected = {rel: e["sha256"] for rel, e in manifest_files(ctx).items() if isinstance(e.get("sha256"), str)}
     source = {rel: "manifest.json" for rel in expected}
-    for rel, oid in lfs_oids_from_git(ctx).items():
-        if rel not in expected:
-            expected[rel], source[rel] = oid, "its Git LFS pointer"
+    unrecorded = {rel for rel, fe in ctx.pkg.files.items() if rel not in expected and not fe.lfs}
+    git_oids, git_findings = lfs_oids_from_git(ctx, unrecorded)
+    yield from git_findings
+    for rel, oid in git_oids.items():
+        expected[rel], source[rel] = oid, "its Git LFS pointer"
     todo = [rel for rel in expected if rel in ctx.pkg.files and not ctx.pkg.files[rel].lfs]
     if not expected:
         yield ctx.finding("", "has no recorded hashes to verify (no raipack manifest.json, no Git LFS pointers in a git clone)", "drop --verify-hashes, or validate a package raipack built", severity="info")

@@ -2,13 +2,16 @@
 
 Scanning stats every file, reads at most the first bytes of small files (to
 recognise Git LFS pointers and pickles) and parses JSON on demand with a size
-cap. Nothing from the package is ever imported or executed.
+cap. Every read goes through `Package.open`, which refuses a path that leaves
+the package or is not a regular file (FIFO, device, socket) before opening it.
+Nothing from the package is ever imported or executed.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -21,6 +24,12 @@ from .findings import Finding
 LFS_MAGIC = b"version https://git-lfs.github.com/spec/"
 LFS_MAX_SIZE = 1024  # real pointers are ~130 bytes
 JSON_MAX_BYTES = 64 * 1024 * 1024  # a larger "JSON" file is refused, not read
+# The decoder graph keeps its weights in external data: AMD's and the OGA builder's model.onnx
+# files are well under a MiB for an 8B model. Parsing costs about 150 bytes of memory per protobuf
+# message, so besides the size, the number of messages is capped before parsing (pipeline/protowire.py).
+GRAPH_MAX_BYTES = 64 * 1024 * 1024
+GRAPH_MAX_NODES = 100_000  # an 8B decoder has a few thousand
+GRAPH_MAX_FIELDS = 500_000  # protobuf fields of any kind (an 8B decoder has about 25 000); scanning them takes at most ~1 s
 MAX_FILES = 100_000
 PICKLE_MAGICS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 ZIP_MAGIC = b"PK\x03\x04"
@@ -73,13 +82,24 @@ def parse_lfs_pointer(head: bytes) -> LfsPointer | None:
         return LfsPointer(oid=fields.get("oid", ""), size=-1)
 
 
-class JsonError(Exception):
-    """A JSON file that cannot be used; str() is the user-facing sentence."""
+class ReadError(Exception):
+    """A package file that cannot be read safely; str() is the user-facing sentence."""
 
     def __init__(self, message: str, hint: str = "", pointer: str = ""):
         super().__init__(message)
         self.hint = hint
         self.pointer = pointer
+
+
+class JsonError(ReadError):
+    """A JSON file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DuplicateKey:
+    pointer: str  # JSON pointer of the object holding the key twice
+    key: str
+    values: tuple  # every value the key was given, in file order
 
 
 @dataclass
@@ -89,6 +109,7 @@ class Package:
     dirs: set[str] = field(default_factory=set)
     scan_findings: list[Finding] = field(default_factory=list)
     _json: dict = field(default_factory=dict, repr=False)
+    _duplicates: dict = field(default_factory=dict, repr=False)
 
     # -- scanning ---------------------------------------------------------
     @classmethod
@@ -154,11 +175,46 @@ class Package:
 
     def _head(self, rel: str, fe: FileEntry, n: int = LFS_MAX_SIZE) -> bytes | None:
         try:
-            with open(self.root / rel, "rb") as fh:
+            with self.open(rel) as fh:
                 return fh.read(n)
-        except OSError as exc:
-            self._scan_error(rel, f"cannot be read: {exc.strerror or exc}", "check its permissions")
+        except ReadError as exc:
+            self._scan_error(rel, str(exc), exc.hint)
             return None
+
+    # -- reading --------------------------------------------------------------
+    @cached_property
+    def real_root(self) -> str:
+        return os.path.realpath(self.root)
+
+    def open(self, rel: str):
+        """Open package file `rel` for reading in binary. Raises ReadError, before
+        opening anything, when the path resolves outside the package or is not a
+        regular file; the open descriptor is checked again (a file swapped for a
+        FIFO after the check is refused, and opening never blocks on one)."""
+        real = os.path.realpath(self.root / rel)
+        if os.path.commonpath([self.real_root, real]) != self.real_root:
+            raise ReadError(f"resolves outside the package (to {real})", "copy the file into the package instead of linking to it")
+        try:
+            if not stat.S_ISREG(os.stat(real).st_mode):
+                raise ReadError(NOT_REGULAR, "remove it from the package")
+            fd = os.open(real, os.O_RDONLY | _O_NONBLOCK | _O_NOFOLLOW | _O_NOCTTY)
+        except OSError as exc:
+            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ReadError(NOT_REGULAR, "remove it from the package")
+        return os.fdopen(fd, "rb")
+
+    def read_bytes(self, rel: str, limit: int, what: str = "file") -> bytes:
+        """The whole of `rel`, refused (ReadError) when it is larger than `limit` bytes."""
+        try:
+            with self.open(rel) as fh:
+                raw = fh.read(limit + 1)
+        except OSError as exc:
+            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+        if len(raw) > limit:
+            raise ReadError(f"is larger than the {limit} bytes a {what} may have", "check that the right file was placed here")
+        return raw
 
     def add_virtual_json(self, rel: str, doc) -> None:
         """Treat `doc` as the content of `rel` without writing it (validating a
@@ -219,25 +275,88 @@ class Package:
         if fe.size > JSON_MAX_BYTES:
             raise JsonError(f"is {fe.size} bytes, more than the {JSON_MAX_BYTES} bytes a JSON config may have", "check that the right file was placed here")
         try:
-            raw = self.path(rel).read_bytes()
-        except OSError as exc:
-            raise JsonError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+            raw = self.read_bytes(rel, JSON_MAX_BYTES, "JSON config")
+        except ReadError as exc:
+            raise JsonError(str(exc), exc.hint)
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise JsonError(f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8")
-        try:
-            return json.loads(text, parse_constant=_reject_constant)
-        except json.JSONDecodeError as exc:
-            raise JsonError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "fix the syntax (a truncated download is a common cause)")
-        except ValueError as exc:
-            raise JsonError(f"is not valid JSON: {exc}", "JSON allows no NaN or Infinity; write a number or null")
-        except RecursionError:
-            raise JsonError("is not usable JSON: nested too deeply", "check that the right file was placed here")
+        doc, duplicates = parse_json(text)
+        if duplicates:
+            self._duplicates[rel] = duplicates
+        return doc
+
+    def duplicate_keys(self, rel: str) -> list[DuplicateKey]:
+        """Keys that occur more than once in one object of `rel` (after `json(rel)`)."""
+        return self._duplicates.get(rel, [])
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not allowed")
+NOT_REGULAR = "is not a regular file (device, socket or pipe)"
+_O_NONBLOCK, _O_NOFOLLOW, _O_NOCTTY = (getattr(os, n, 0) for n in ("O_NONBLOCK", "O_NOFOLLOW", "O_NOCTTY"))
+
+
+class _NonFinite(str):
+    """Stands in for a number JSON can write but a double cannot hold (1e999, NaN)."""
+
+
+def parse_json(text: str) -> tuple[object, list[DuplicateKey]]:
+    """json.loads, refusing non-finite numbers (JsonError naming the JSON pointer)
+    and returning every duplicated key with the pointer of its object."""
+    doubled: list[tuple[dict, list]] = []
+    non_finite: list[_NonFinite] = []
+
+    def pairs(items):
+        obj = dict(items)
+        if len(obj) != len(items):
+            seen: dict = {}
+            for key, value in items:
+                seen.setdefault(key, []).append(value)
+            doubled.append((obj, [(k, tuple(v)) for k, v in seen.items() if len(v) > 1]))
+        return obj
+
+    def number(text: str):
+        value = float(text)
+        return value if math.isfinite(value) else _mark(text)
+
+    def _mark(text: str):
+        non_finite.append(_NonFinite(text))
+        return non_finite[-1]
+
+    try:
+        doc = json.loads(text, object_pairs_hook=pairs, parse_float=number, parse_constant=_mark)
+    except json.JSONDecodeError as exc:
+        raise JsonError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "fix the syntax (a truncated download is a common cause)")
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise JsonError(f"is not valid JSON: {exc}", "check that the right file was placed here")
+    except RecursionError:
+        raise JsonError("is not usable JSON: nested too deeply", "check that the right file was placed here")
+    if not non_finite and not doubled:
+        return doc, []
+    where = json_pointers(doc, {id(x) for x in non_finite} | {id(obj) for obj, _ in doubled})
+    if non_finite:
+        first = non_finite[0]
+        pointer = where.get(id(first), "")
+        raise JsonError(f"holds {first} at {pointer or 'the top level'}, which is not a finite number (a double overflows to infinity above about 1.8e308)",
+                        "write a finite number or null; JSON has no NaN or Infinity", pointer)
+    return doc, [DuplicateKey(where.get(id(obj), ""), key, values) for obj, keys in doubled for key, values in keys]
+
+
+def json_pointers(doc, targets: set[int]) -> dict[int, str]:
+    """id() of each target object inside `doc` → its JSON pointer (RFC 6901)."""
+    from .schemas import pointer_of
+
+    found: dict[int, str] = {}
+    stack = [(doc, "")]
+    while stack and len(found) < len(targets):
+        node, pointer = stack.pop()
+        if id(node) in targets:
+            found.setdefault(id(node), pointer)
+        if isinstance(node, dict):
+            stack.extend((v, pointer + pointer_of([k])) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{pointer}/{i}") for i, v in enumerate(node))
+    return found
 
 
 def _looks_pickled(head: bytes) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from .. import schemas
 from ..package import JsonError
 from . import check
@@ -25,14 +27,16 @@ def json_files(ctx):
 
 @check("RP201", "json-parse")
 def json_parse(ctx):
-    """Every `*.json` file of the package is UTF-8, valid JSON (no NaN or
-    Infinity, not truncated) and no larger than 64 MiB. Files that fail are
-    skipped by the checks that need their content."""
+    """Every `*.json` file of the package is a regular file inside the package,
+    UTF-8, valid JSON (not truncated; no NaN, Infinity or number a double
+    cannot hold, such as 1e999, reported with its JSON pointer) and no larger
+    than 64 MiB. Files that fail are skipped by the checks that need their
+    content."""
     for fe in json_files(ctx):
         try:
             ctx.pkg.json(fe.rel)
         except JsonError as exc:
-            yield ctx.finding(fe.rel, str(exc), exc.hint)
+            yield ctx.finding(fe.rel, str(exc), exc.hint, exc.pointer)
     for name in ("genai_config.json", "config.json", "rai_config.json"):
         if name in ctx.pkg.dirs:
             yield ctx.finding(name, "is a folder where a JSON file belongs", "replace the folder with the file")
@@ -51,3 +55,26 @@ def json_schema(ctx):
             continue
         for pointer, message in schemas.errors(name, doc):
             yield ctx.finding(fe.rel, message, f"see `raipack schemas {name}` for the expected shape", pointer)
+
+
+@check("RP203", "json-duplicate-keys")
+def json_duplicate_keys(ctx):
+    """No object of a `*.json` file gives the same key twice (such as
+    `"hybrid_opt_token_backend": "cpu", "hybrid_opt_token_backend": "npu"`):
+    JSON leaves it to each reader which value wins, so the runtime may use
+    another one than raipack's checks saw (raipack checks the last)."""
+    for fe in json_files(ctx):
+        if ctx.pkg.try_json(fe.rel) is None:
+            continue
+        for dup in ctx.pkg.duplicate_keys(fe.rel):
+            where = f"the object at {dup.pointer}" if dup.pointer else "the top-level object"
+            values = ", then ".join(_short(v) for v in dup.values[:3]) + (", …" if len(dup.values) > 3 else "")
+            yield ctx.finding(fe.rel, f"gives key {_short(dup.key)} {len(dup.values)} times in {where} ({values}); which one a reader uses is undefined",
+                              "keep one of them", dup.pointer + schemas.pointer_of([dup.key]))
+
+
+def _short(value, limit: int = 40) -> str:
+    if isinstance(value, (dict, list)) and value:
+        return "{…}" if isinstance(value, dict) else "[…]"
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 
 import pytest
 
-from factory import Dims, lfs_pointer_text, make_graph, save_graph, write_manifest
+from factory import Dims, lfs_pointer_text, make_graph, reference_export, save_graph, write_manifest
 from helpers import edit_json, ryzen
 from pipeline.checks import load_all
+from pipeline.cli import main
 from pipeline.profile import all_profiles
+from pipeline.profile import get as get_profile
 from pipeline.validate import validate
+from stages.fuse import formats
 
 P16, P4, P16_OLD = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.6-npu"
 GENAI = "genai_config.json"
@@ -88,6 +92,15 @@ def _flip_byte(rel):
     return mutate
 
 
+def _header_bytes(offset: int, data: bytes):
+    """Overwrite model.pb.bin's preamble at `offset` (8 magic, 12 version, 16 JSON length)."""
+    def mutate(pkg):
+        with open(pkg / "model.pb.bin", "r+b") as fh:
+            fh.seek(offset)
+            fh.write(data)
+    return mutate
+
+
 PICKLE = b"\x80\x04\x95" + b"\x00" * 40
 CASES = [
     # id, profile, mutation, check expected, severity, path fragment
@@ -106,6 +119,7 @@ CASES = [
     ("non-utf8-json", P16, _write("config.json", b'{"a": "\xff\xfe"}'), "RP201", "error", "config.json"),
     ("nan-json", P16, _write("rai_config.json", b'{"max_prompt_length": {"1.8.0": NaN}}'), "RP201", "error", "rai_config.json"),
     ("json-is-folder", P16, lambda p: ((p / "rai_config.json").unlink(), (p / "rai_config.json").mkdir()), "RP201", "error", "rai_config.json"),
+    ("duplicate-key", P16, _write("rai_config.json", b'{"max_prompt_length": {"1.8.0": 4096}, "max_prompt_length": {"1.8.0": 2048}}'), "RP203", "error", "rai_config.json"),
     ("schema-type", P16, _json(GENAI, lambda d: d["search"].__setitem__("max_length", "16384")), "RP202", "error", GENAI),
     ("group-64", P16, _weight("group_size", 64), "RP301", "error", "config.json"),
     ("symmetric", P16, _weight("symmetric", True), "RP301", "error", "config.json"),
@@ -151,6 +165,14 @@ CASES = [
     ("head-size", P16, _json(GENAI, lambda d: d["model"]["decoder"].__setitem__("head_size", 64)), "RP703", "error", "model.onnx"),
     ("block-32", P16, _graph(block_size=32), "RP704", "error", "model.onnx"),
     ("lm-head-requantized", P16, _graph(quantize_lm_head=True), "RP704", "error", "model.onnx"),
+    ("header-magic", "reference-16K", _flip_byte("model.pb.bin"), "RP901", "error", "model.pb.bin"),
+    ("header-truncated", "reference-4K", _truncate("model.pb.bin", 4000), "RP901", "error", "model.pb.bin"),
+    ("header-version", "reference-4K", _header_bytes(8, (2).to_bytes(4, "little")), "RP901", "error", "model.pb.bin"),
+    ("header-json-length", "reference-1.7.1-16K", _header_bytes(16, (1 << 40).to_bytes(8, "little")), "RP901", "error", "model.pb.bin"),
+    ("header-not-raipack", "reference-1.7.1-4K", _write("model.pb.bin", b"\x08\x01\x12\x04AMD!" * 100), "RP901", "error", "model.pb.bin"),
+    ("max-length-not-top-tier", "reference-16K", lambda p: (_json(GENAI, lambda d: d["search"].__setitem__("max_length", 8192))(p), write_manifest(p)), "RP906", "error", GENAI),
+    ("npu-seq-not-top-prefill", "reference-4K", lambda p: (_opt("hybrid_opt_max_seq_length", "2048")(p), write_manifest(p)), "RP906", "error", GENAI),
+    ("chunk-not-a-tier", "reference-4K", lambda p: (_json(GENAI, lambda d: d["search"].__setitem__("chunk_size", 3000))(p), write_manifest(p)), "RP906", "error", GENAI),
     ("manifest-size", "reference-4K", _write("README.md", b"changed after the build\n"), "RP801", "error", "README.md"),
     ("manifest-incomplete", "reference-4K", lambda p: write_manifest(p, complete=False), "RP801", "error", "manifest.json"),
     ("manifest-extra-file", "reference-4K", _write("notes.txt", b"hi"), "RP801", "warning", "notes.txt"),
@@ -170,10 +192,62 @@ def test_check_catches(make_pkg, case):
 
 
 def test_every_check_has_a_failing_case():
-    covered = {c[3] for c in CASES} | {"RP802"}  # RP802: the verify-hashes tests below
-    reference_format = {c for c in load_all() if c.startswith("RP9")}  # tests/stages/test_fuse.py breaks real fused packages
+    covered = {c[3] for c in CASES} | {"RP802", "RP902", "RP907"}  # the tests below
+    reference_format = {"RP903", "RP904", "RP905"}  # tests/stages/test_fuse.py breaks real fused packages
     advice = {c for c, s in load_all().items() if s.severity == "advice"}  # test_advice.py: a trigger and a quiet case each
     assert covered | reference_format | advice >= set(load_all()), sorted(set(load_all()) - covered)
+
+
+@pytest.mark.parametrize("profile_id", sorted(p for p, v in all_profiles().items() if v["target"] == "reference"))
+def test_reference_packages_are_real_fused_packages(make_pkg, profile_id):
+    """The factory's reference packages come from the fuse stage: raipack's header, every RP90x check run, clean."""
+    pkg = make_pkg(profile_id)
+    header = formats.read_header(pkg / "model.pb.bin")
+    assert header["profile"] == profile_id and header["operators"] and formats.header_problems(header, (pkg / "model.bin").stat().st_size) == []
+    result = validate(pkg, verify_hashes=True)
+    assert result.profile == profile_id and result.findings == []
+    assert {"RP901", "RP902", "RP903", "RP904", "RP905", "RP906", "RP907"} <= set(result.checks_run)
+
+
+def test_damaged_header_magic_fails_validate(make_pkg, capsys):
+    """One flipped byte of the magic: the folder is still raipack's (its manifest says so), so validate fails on the header."""
+    pkg = make_pkg("reference-16K")
+    _flip_byte("model.pb.bin")(pkg)
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(pkg)])
+    out = capsys.readouterr().out
+    assert info.value.code == 1, out
+    assert "RP901" in out and "model.pb.bin" in out and "RAIPKNPU" in out and "no findings" not in out
+    result = validate(pkg)
+    assert result.profile == "reference-16K"
+    (finding,) = [f for f in result.findings if f.check_id.startswith("RP9")]
+    assert (finding.check_id, finding.severity, finding.path) == ("RP901", "error", "model.pb.bin")
+    assert "RP902–RP907" in finding.message and "manifest.json says raipack built this package for 1.8.0-npu-16K" in finding.message
+
+
+def test_damaged_header_fails_under_an_explicit_release_profile(make_pkg):
+    """--profile 1.8.0-npu-16K on a package raipack built: its manifest still asks for raipack's header."""
+    pkg = make_pkg("reference-16K")
+    _header_bytes(0, b"\0" * 8)(pkg)
+    result = validate(pkg, "1.8.0-npu-16K")
+    assert [(f.check_id, f.path) for f in result.findings if f.severity == "error"] == [("RP901", "model.pb.bin")]
+
+
+def test_cpu_fallback_is_reported(tmp_path):
+    """A real package whose projections could not be fused (the profile allows no group size 128): each runs on the CPU, each is reported."""
+    oga, quark = reference_export()
+    from stages.fuse.reference import fuse
+
+    profile = copy.deepcopy(get_profile("reference-4K"))
+    profile["quantization"]["allowed_group_sizes"] = [32, 64]
+    pkg = tmp_path / "pkg"
+    report = fuse(oga, pkg, profile, quark_dir=quark)
+    write_manifest(pkg, target_profile="1.8.0-npu-4K")
+    left = {n["name"] for n in report["cpu_nodes"] if n["why"] == "not fused"}
+    result = validate(pkg)
+    hits = [f for f in result.findings if f.check_id == "RP907"]
+    assert left and {f.pointer for f in hits} == left
+    assert all(f.severity == "warning" and f.path == "model.onnx" and "runs on the CPU" in f.message for f in hits)
 
 
 def test_verify_hashes_catches_a_flipped_byte(make_pkg):
@@ -181,7 +255,9 @@ def test_verify_hashes_catches_a_flipped_byte(make_pkg):
     assert validate(pkg, verify_hashes=True).findings == []
     _flip_byte("model.bin")(pkg)
     result = validate(pkg, verify_hashes=True)
-    assert [(f.check_id, f.path) for f in result.findings if f.severity == "error"] == [("RP802", "model.bin")]
+    first = formats.read_header(pkg / "model.pb.bin")["operators"][0]["tensors"][0]
+    assert first["offset"] == 0  # the flipped byte is in the first tensor
+    assert [(f.check_id, f.path) for f in result.findings if f.severity == "error"] == [("RP802", "model.bin"), ("RP902", "model.bin")]
 
 
 def test_verify_hashes_without_records_says_so(make_pkg):

@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
-from .. import schemas
+from .. import protowire, schemas
+from ..package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
 from . import check
 from . import onnx_contract as contract
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.ryzenai", "com.amd", "ai.raipack"}
+WEIGHTS_HINT = "keep the weights in external data (model.onnx.data, the model builder's default), or check that the right file was placed here"
+
+
+class GraphRefused(Exception):
+    """The graph was not parsed; str() is the sentence, `hint` the next step."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.hint = hint
 
 
 def load_graph(ctx):
+    """The graph without its weights, a GraphRefused or parse error, or None
+    (no graph, an LFS pointer or an empty file: RP102/RP103 report those)."""
     rel = ctx.graph_rel
     if rel is None:
         return None
     fe = ctx.pkg.files[rel]
     if fe.lfs or fe.size == 0:
         return None
+    if fe.size > GRAPH_MAX_BYTES:
+        return GraphRefused(f"is {fe.size} bytes, too large to be a graph with external weights (at most {GRAPH_MAX_BYTES} bytes are read)", WEIGHTS_HINT)
     import onnx
 
     try:
-        return onnx.load(str(ctx.pkg.path(rel)), load_external_data=False)
+        raw = ctx.pkg.read_bytes(rel, GRAPH_MAX_BYTES, "graph with external weights")
+        counts = protowire.count(raw, onnx.ModelProto.DESCRIPTOR, GRAPH_MAX_FIELDS, {"onnx.NodeProto": GRAPH_MAX_NODES})
+        if counts.over == "fields":
+            return GraphRefused(f"holds more than {GRAPH_MAX_FIELDS} protobuf fields, too many to be a graph with external weights; it was not parsed", WEIGHTS_HINT)
+        if counts.over:
+            return GraphRefused(f"has more than {GRAPH_MAX_NODES} nodes (subgraphs and functions included), far more than a decoder has; it was not parsed", "check that the right file was placed here")
+        return onnx.load_model_from_string(raw)
+    except ReadError as exc:
+        return GraphRefused(str(exc), exc.hint)
+    except MemoryError:
+        return GraphRefused(f"could not be parsed in the memory available ({fe.size} bytes on disk)", "free memory, or check that the right file was placed here")
     except Exception as exc:  # protobuf raises DecodeError and friends
         return exc
 
@@ -29,20 +53,31 @@ def _graph(ctx):
     return None if g is None or isinstance(g, Exception) else g
 
 
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).splitlines()
+    return (lines[0][:200] if lines else "") or type(exc).__name__
+
+
 @check("RP701", "graph-parse")
 def graph_parse(ctx):
     """The decoder graph (`model.decoder.filename`, else the only `.onnx`)
-    parses as ONNX without loading its weights; its operator domains are ones
-    a Ryzen AI runtime provides (standard, `com.microsoft`, `com.ryzenai`,
-    `com.amd`, raipack's `ai.raipack`); an unknown domain is a warning."""
+    parses as ONNX without loading its weights. A graph keeps its weights in
+    external data, so a file above 64 MiB, or with more than 100 000 nodes or
+    500 000 protobuf fields (counted before parsing), is refused unparsed.
+    Its operator domains are ones a Ryzen AI runtime provides (standard,
+    `com.microsoft`, `com.ryzenai`, `com.amd`, raipack's `ai.raipack`); an
+    unknown domain is a warning."""
     rel = ctx.graph_rel
     if rel is None:
         if ctx.profile["files"]["required"] and ctx.pkg.by_role("graph") == [] and ctx.genai is not None:
             yield ctx.finding("genai_config.json", "names no decoder graph that is in the package", "copy the .onnx file that model.decoder.filename names", "/model/decoder/filename")
         return
     g = ctx.graph
+    if isinstance(g, GraphRefused):
+        yield ctx.finding(rel, str(g), g.hint)
+        return
     if isinstance(g, Exception):
-        yield ctx.finding(rel, f"is not a readable ONNX model: {str(g).splitlines()[0][:200] or type(g).__name__}", "copy the file again (a truncated or LFS-pointer file is the usual cause)")
+        yield ctx.finding(rel, f"is not a readable ONNX model: {_first_line(g)}", "copy the file again (a truncated or LFS-pointer file is the usual cause)")
         return
     if g is None:
         return
@@ -53,9 +88,10 @@ def graph_parse(ctx):
 
 @check("RP702", "external-data")
 def external_data(ctx):
-    """Every initializer stored as external data names a file inside the
-    package, and its offset + length lie inside that file (checked with the
-    file's size only; no weights are read)."""
+    """Every tensor stored as external data (initializers and node attributes,
+    inside `If`/`Loop`/`Scan` subgraphs and local functions too) names a
+    regular file inside the package, and its offset + length lie inside that
+    file (checked with the file's size only; no weights are read)."""
     g = _graph(ctx)
     if g is None:
         return

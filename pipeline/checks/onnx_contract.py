@@ -7,7 +7,7 @@ Every check returns a list of dicts `{"check_id", "pointer", "message", "hint"}`
 tensor, node or input at fault, `message` says in one sentence what was found and what was expected,
 `hint` the next step. An empty list means the check passed. The graph checks take an
 `onnx.ModelProto` loaded with `load_external_data=False` and never read weights; `external_data_refs`
-only calls `os.stat`.
+only calls `os.stat`, and walks subgraphs and local functions as well as the main graph.
 
 Also here: the small helpers that read a Quark `quantization_config` (which layers it excluded, the
 weight spec of a layer) and map Hugging Face module names to the builder's node names, so the
@@ -20,6 +20,7 @@ import fnmatch
 import json
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 import onnx
@@ -369,71 +370,90 @@ def _nbytes(t: TensorProto) -> int | None:
 
 
 def _external_tensors(model: onnx.ModelProto):
-    for t in model.graph.initializer:
-        yield t
-    for node in model.graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                yield a.t
+    """(tensor, where) for every tensor the model holds: initializers, sparse
+    initializers and node attribute tensors of the main graph, of every subgraph
+    (`If`/`Loop`/`Scan` attributes, at any depth) and of the local functions.
+    `where` names the subgraph or function ("" for the main graph)."""
+    todo = [(model.graph.node, model.graph, "")] + [(f.node, None, f"function '{f.name}'") for f in model.functions]
+    while todo:
+        nodes, graph, where = todo.pop()
+        if graph is not None:
+            yield from ((t, where) for t in graph.initializer)
+            yield from ((t, where) for s in graph.sparse_initializer for t in (s.values, s.indices))
+        for node in nodes:
+            for a in node.attribute:  # every field, whatever `type` claims: a reader may go by the field
+                inner = f"subgraph {a.name} of node '{node.name}'" + (f" in {where}" if where else "")
+                tensors = ([a.t] if a.HasField("t") else []) + list(a.tensors)
+                sparse = ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors)
+                yield from ((t, where) for t in tensors + [x for s in sparse for x in (s.values, s.indices)])
+                todo.extend((g.node, g, inner) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))
 
 
 def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[dict]:
-    """Every external-data tensor points inside `root` (default: `base_dir`, the
-    graph's folder) at a byte range that exists (stat only)."""
+    """Every external-data tensor (subgraphs included) points inside `root`
+    (default: `base_dir`, the graph's folder) at a byte range of a regular file
+    that exists (stat only)."""
     out: list[dict] = []
     graph_dir = Path(base_dir).resolve()
     base = Path(root).resolve() if root is not None else graph_dir
-    sizes: dict[str, int | None] = {}
-    for t in _external_tensors(model):
+    sizes: dict[str, int | str] = {}
+    for t, where in _external_tensors(model):
         if t.data_location != TensorProto.EXTERNAL:
             continue
+        name = f"tensor '{t.name}'" + (f" (in {where})" if where else "")
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
         if not loc:
-            out.append(_f("export.external_data", t.name, f"tensor '{t.name}' is stored externally but names no location",
+            out.append(_f("export.external_data", t.name, f"{name} is stored externally but names no location",
                           "re-export; the builder writes location=model.onnx.data"))
             continue
         p = PurePosixPath(loc.replace("\\", "/"))
         if p.is_absolute() or re.match(r"^[A-Za-z]:", loc) or ".." in p.parts:
             out.append(_f("export.external_data", t.name,
-                          f"tensor '{t.name}' points at '{loc}', outside the model folder; expected a relative path inside it",
+                          f"{name} points at '{loc}', outside the model folder; expected a relative path inside it",
                           "re-save the model with its external data beside model.onnx"))
             continue
         path = (graph_dir / Path(*p.parts)).resolve()
         if base != path and base not in path.parents:
             out.append(_f("export.external_data", t.name,
-                          f"tensor '{t.name}' points at '{loc}', which resolves outside the model folder",
+                          f"{name} points at '{loc}', which resolves outside the model folder",
                           "replace the symlink by the real file"))
             continue
         if loc not in sizes:
-            try:
-                sizes[loc] = os.stat(path).st_size
-            except OSError:
-                sizes[loc] = None
+            sizes[loc] = _data_file_size(path)
         size = sizes[loc]
-        if size is None:
-            out.append(_f("export.external_data", t.name, f"tensor '{t.name}' points at '{loc}', which does not exist",
+        if isinstance(size, str):
+            out.append(_f("export.external_data", t.name, f"{name} points at '{loc}', which {size}",
                           "copy the external data file next to the model or re-export"))
             continue
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") not in (None, "") else None
         except ValueError:
-            out.append(_f("export.external_data", t.name, f"tensor '{t.name}' has a non-integer offset/length {info}",
+            out.append(_f("export.external_data", t.name, f"{name} has a non-integer offset/length {info}",
                           "re-export"))
             continue
         expected = _nbytes(t)
         if length is None:
             length = expected if expected is not None else size - offset
-        if offset < 0 or offset + length > size:
+        if offset < 0 or length < 0 or offset + length > size:
             out.append(_f("export.external_data", t.name,
-                          f"tensor '{t.name}' reads bytes {offset}..{offset + length} of '{loc}', which has only {size} bytes",
+                          f"{name} reads bytes {offset}..{offset + length} of '{loc}', which has only {size} bytes",
                           "the data file is truncated or from another export: re-export, or fetch the real file (Git LFS?)"))
         elif expected is not None and length != expected:
             out.append(_f("export.external_data", t.name,
-                          f"tensor '{t.name}' ({_tname(t.data_type)} {list(t.dims)}) needs {expected} bytes, its external length is {length}",
+                          f"{name} ({_tname(t.data_type)} {list(t.dims)}) needs {expected} bytes, its external length is {length}",
                           "re-export; the graph and its data file disagree"))
     return out
+
+
+def _data_file_size(path: Path) -> int | str:
+    """The size of a regular file, else what is wrong with it (stat only)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "does not exist"
+    return st.st_size if stat.S_ISREG(st.st_mode) else "is not a regular file (device, socket or pipe)"
 
 
 def _against_profile(model: onnx.ModelProto, rules: dict) -> list[dict]:

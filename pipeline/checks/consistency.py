@@ -8,13 +8,24 @@ GENAI = "genai_config.json"
 
 
 def _int(value):
+    """An int from an int or a string of decimal digits ("4096"), else None
+    (a mistyped value is RP202's or RP401's finding, never a crash here)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
+    if isinstance(value, str) and value.strip().isdecimal():
+        try:
+            return int(value)
+        except ValueError:  # more digits than Python converts
+            return None
     return None
+
+
+def _count(value):
+    """A positive int (a length, a dimension), else None."""
+    n = _int(value)
+    return n if n is not None and n > 0 else None
 
 
 def lengths(ctx) -> dict:
@@ -26,13 +37,13 @@ def lengths(ctx) -> dict:
     rai = ctx.rai_config if isinstance(ctx.rai_config, dict) else {}
     mpl = rai.get("max_prompt_length") if isinstance(rai.get("max_prompt_length"), dict) else {}
     return {
-        "max_length": _int(search.get("max_length")),
-        "chunk_size": _int(search.get("chunk_size")),
-        "context_length": _int(model.get("context_length")),
-        "kv_cache": _int(opts.get("max_length_for_kv_cache")),
-        "npu_seq": _int(opts.get("hybrid_opt_max_seq_length")),
+        "max_length": _count(search.get("max_length")),
+        "chunk_size": _count(search.get("chunk_size")),
+        "context_length": _count(model.get("context_length")),
+        "kv_cache": _count(opts.get("max_length_for_kv_cache")),
+        "npu_seq": _count(opts.get("hybrid_opt_max_seq_length")),
         "chunked": str(opts.get("hybrid_opt_chunk_context", "0")) == "1",
-        "max_prompt": {v: n for v, n in mpl.items() if _int(n) is not None},
+        "max_prompt": {v: n for v, n in ((v, _count(n)) for v, n in mpl.items()) if n is not None},
     }
 
 
@@ -68,7 +79,7 @@ def dims(ctx) -> dict[str, dict[str, tuple[int, str, str]]]:
     out: dict[str, dict] = {}
 
     def put(dim, label, value, file, pointer):
-        v = _int(value)
+        v = _count(value)  # zero or negative is RP202's finding, not a second one here
         if v is not None:
             out.setdefault(dim, {})[label] = (v, file, pointer)
 
@@ -82,9 +93,9 @@ def dims(ctx) -> dict[str, dict[str, tuple[int, str, str]]]:
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("hidden", "hidden_size"), ("vocab", "vocab_size"), ("head_size", "head_dim")):
         put(dim, "config", text.get(key), "config.json", f"/{key}")
-    if "config" not in out.get("kv_heads", {}) and _int(text.get("num_attention_heads")) and "num_key_value_heads" not in text:
+    if "config" not in out.get("kv_heads", {}) and _count(text.get("num_attention_heads")) and "num_key_value_heads" not in text:
         put("kv_heads", "config", text.get("num_attention_heads"), "config.json", "/num_attention_heads")
-    h, n = _int(text.get("hidden_size")), _int(text.get("num_attention_heads"))
+    h, n = _count(text.get("hidden_size")), _count(text.get("num_attention_heads"))
     if h and n and "head_dim" not in text:
         put("head_size", "config", h // n, "config.json", "/hidden_size")
     return out

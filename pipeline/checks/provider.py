@@ -48,10 +48,17 @@ def _ryzen_keys(ctx):
 @check("RP401", "option-strings")
 def option_strings(ctx):
     """Every RyzenAI option value is a string ("4096", not 4096): the runtime
-    reads them as strings and rejects other JSON types."""
+    reads them as strings and rejects other JSON types. Options that hold a
+    length or a count (`hybrid_opt_max_seq_length`, `max_length_for_kv_cache`,
+    `hybrid_opt_chunk_context_threshold`, ...) are decimal digits, and the
+    lengths at least 1: "-1" or "4k" is not a length."""
+    counts = {k: v for k, v in known()["whole_numbers"].items() if not k.startswith("$")}
     for key, value, pointer in _ryzen_keys(ctx):
         if not isinstance(value, str):
             yield ctx.finding(GENAI, f"option {key} is {value!r} ({type(value).__name__}); expected a string such as \"{value}\"", "quote the value", pointer)
+        elif key in counts and not (value.isascii() and value.isdecimal() and len(value) < 19 and int(value) >= counts[key]):
+            least = "a whole number" if counts[key] == 0 else f"a whole number of at least {counts[key]}"
+            yield ctx.finding(GENAI, f"option {key} is {value[:40]!r}; expected {least} written as a string, such as \"4096\"", "write the length as decimal digits", pointer)
 
 
 @check("RP402", "seq-length-power-of-two")

@@ -72,12 +72,13 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
 def inspect(path, profile, as_json):
     """Summarise a package: profile, files, quantization, options, buckets, limits."""
     from .inspect import render, summary
+    from .textsafe import safe_tree
 
     data = summary(path, profile)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(safe_tree(data), indent=2))
     else:
-        render(data)
+        render(safe_tree(data, markup=True))
 
 
 @cli.command()
@@ -233,9 +234,11 @@ def cache_clear(stage):
 
 
 def _error(exc: RaipackError):
-    click.echo(f"ERROR: {exc}", err=True)
+    from .textsafe import safe
+
+    click.echo(f"ERROR: {safe(str(exc), 2000)}", err=True)
     if exc.hint:
-        click.echo(f"  hint: {exc.hint}", err=True)
+        click.echo(f"  hint: {safe(exc.hint, 2000)}", err=True)
 
 
 def main(argv=None):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 from .. import __version__
+from ..textsafe import safe_results
 
 
 def report_dict(results, exit_code: int) -> dict:
     return {
         "tool": {"name": "raipack", "version": __version__},
-        "results": [r.to_dict() for r in results],
+        "results": [r.to_dict() for r in safe_results(results)],
         "exit_code": exit_code,
     }
 

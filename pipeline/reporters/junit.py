@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
+from ..textsafe import safe_results
+
 
 def render(results, exit_code: int, color: bool = False) -> str:
     suites = ET.Element("testsuites", name="raipack validate")
-    for r in results:
+    for r in safe_results(results):  # no control characters: XML 1.0 forbids most of them
         by_check = {}
         for f in r.findings:
             by_check.setdefault(f.check_id, []).append(f)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..textsafe import safe_results
+
 COLORS = {"error": "31", "warning": "33", "advice": "36", "info": "2"}
 
 
@@ -13,7 +15,7 @@ def _paint(text: str, severity: str, color: bool) -> str:
 
 def render(results, exit_code: int, color: bool = False) -> str:
     out = []
-    for r in results:
+    for r in safe_results(results):
         out.append(f"{r.root}: profile {r.profile} ({r.profile_reason})")
         by_file = defaultdict(list)
         for f in r.findings:

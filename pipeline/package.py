@@ -276,13 +276,14 @@ class Package:
             raise JsonError(f"is {fe.size} bytes, more than the {JSON_MAX_BYTES} bytes a JSON config may have", "check that the right file was placed here")
         try:
             raw = self.read_bytes(rel, JSON_MAX_BYTES, "JSON config")
-        except ReadError as exc:
-            raise JsonError(str(exc), exc.hint)
-        try:
             text = raw.decode("utf-8-sig")
+            doc, duplicates = parse_json(text)
+        except ReadError as exc:
+            raise JsonError(str(exc), exc.hint, exc.pointer)
         except UnicodeDecodeError as exc:
             raise JsonError(f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8")
-        doc, duplicates = parse_json(text)
+        except MemoryError:
+            raise JsonError(f"could not be parsed in the memory available ({fe.size} bytes)", "free memory, or check that the right file was placed here")
         if duplicates:
             self._duplicates[rel] = duplicates
         return doc

@@ -225,6 +225,21 @@ def test_memory_error_while_parsing_is_a_finding(make_pkg, capsys, monkeypatch):
     assert code == 1 and hit["path"] == "model.onnx" and "memory" in hit["message"]
 
 
+def test_memory_error_while_parsing_json_is_a_finding(make_pkg, capsys, monkeypatch):
+    real_loads = json.loads
+
+    def loads(text, **kw):
+        if kw.get("object_pairs_hook") and "max_prompt_length" in text:  # the package reader, on rai_config.json
+            raise MemoryError()
+        return real_loads(text, **kw)
+
+    monkeypatch.setattr(json, "loads", loads)
+    pkg = make_pkg(P16)
+    code, findings, _ = validate(capsys, pkg)
+    (hit,) = errors(findings, "RP201")
+    assert code == 1 and hit["path"] == "rai_config.json" and "memory" in hit["message"]
+
+
 # -- special files and paths outside the package, refused before they are opened -----------------
 
 @contextmanager

@@ -121,6 +121,17 @@ def condition_holds(pkg: Package, cond: dict) -> bool:
     return value <= cond["le"]
 
 
+def built_by_raipack(pkg: Package) -> Detection | None:
+    """The reference profile whose markers hold: manifest.json says raipack built this package, and
+    for which target. Such a package must carry raipack's own NPU formats (RP901 holds it to that)."""
+    best, best_conds = None, []
+    for prof in all_profiles().values():
+        conds = prof["detect"]["content"]
+        if prof["target"] == "reference" and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
+            best, best_conds = prof, conds
+    return Detection(best, "; ".join(c.get("why", "marker holds") for c in best_conds)) if best else None
+
+
 def detect(pkg: Package) -> Detection | None:
     """The profile whose name pattern or content markers fit the package best.
 
@@ -128,16 +139,15 @@ def detect(pkg: Package) -> Detection | None:
     like AMD's); then the folder name; then the profile with the most content
     markers that all hold.
     """
+    raipack = built_by_raipack(pkg)
+    if raipack is not None:
+        return raipack
     profiles = all_profiles()
     best, best_score, best_why = None, 0, []
     for prof in profiles.values():
         conds = prof["detect"]["content"]
-        if conds and all(condition_holds(pkg, c) for c in conds):
-            score = len(conds) + (100 if prof["target"] == "reference" else 0)
-            if score > best_score:
-                best, best_score, best_why = prof, score, [c.get("why", "marker holds") for c in conds]
-    if best is not None and best["target"] == "reference":
-        return Detection(best, "; ".join(best_why))
+        if prof["target"] != "reference" and conds and len(conds) > best_score and all(condition_holds(pkg, c) for c in conds):
+            best, best_score, best_why = prof, len(conds), [c.get("why", "marker holds") for c in conds]
     for prof in profiles.values():
         for pattern in prof["detect"]["name_patterns"]:
             if fnmatch.fnmatchcase(pkg.name, pattern):

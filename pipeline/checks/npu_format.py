@@ -1,11 +1,14 @@
 """raipack reference packages: the open NPU formats (model.pb.bin + model.bin, cache descriptors,
 dd_metastate plans) agree with each other, with the graph and with the provider options.
 
-Every check here is a no-op unless the package's NPU header starts with raipack's magic
-(`RAIPKNPU`): AMD's packages use AMD's own undocumented formats. They read the header, the graph
-without weights, the cache meta/descriptor files and the plans (small files); only RP902 reads
-model.bin, and only with --verify-hashes. The formats are documented in docs/formats.md and
-implemented in stages/fuse/formats.py (standard library only at import time).
+The checks run on a package whose NPU header starts with raipack's magic (`RAIPKNPU`) and on every
+package that says raipack built it (a reference profile, detected from manifest.json or chosen),
+where a header without the magic, or one that does not parse, is an RP901 error that says why
+RP902–RP907 could not run. AMD's packages use AMD's own undocumented formats, so elsewhere these
+checks are no-ops. They read the header, the graph without weights, the cache meta/descriptor
+files and the plans (small files); only RP902 reads model.bin, and only with --verify-hashes. The
+formats are documented in docs/formats.md and implemented in stages/fuse/formats.py (standard
+library only at import time).
 """
 
 from __future__ import annotations
@@ -34,21 +37,48 @@ def _header_rel(ctx) -> str:
     return name if isinstance(name, str) and name else "model.pb.bin"
 
 
+def _raipack_claim(ctx) -> str | None:
+    """Why this package must have a raipack header (None when nothing says raipack built it)."""
+    from ..profile import built_by_raipack
+
+    found = built_by_raipack(ctx.pkg)
+    if found is not None:
+        return f"manifest.json says raipack built this package for {found.profile.get('extends') or found.profile['id']}"
+    if ctx.profile.get("target") == "reference":
+        return f"it is checked as raipack's reference profile {ctx.profile['id']}"
+    return None
+
+
 def _reference(ctx):
-    """(header rel path, parsed header or FormatError) when this is a raipack reference package, else None."""
+    """(header rel path, parsed header or FormatError) when this is a raipack reference package, else None.
+
+    A package that says raipack built it gets a FormatError for a header without raipack's magic
+    (AMD's, damaged, empty): it must carry raipack's formats."""
     cached = getattr(ctx, "_npu_header", None)
     if cached is not None:
         return cached or None
     rel = _header_rel(ctx)
     fe = ctx.pkg.files.get(rel)
     result = False
-    if fe is not None and not fe.lfs:
+    if fe is not None and not fe.lfs:  # a missing or pointer header is RP107 / RP404 / RP102's
         fmt = _formats()
-        if fmt.is_reference_header(ctx.pkg.path(rel)):
+        path = ctx.pkg.path(rel)
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(len(fmt.MAGIC))
+        except OSError:
+            head = b""
+        ctx._npu_magic = head == fmt.MAGIC
+        if ctx._npu_magic:
             try:
-                result = (rel, fmt.read_header(ctx.pkg.path(rel)))
+                result = (rel, fmt.read_header(path))
             except fmt.FormatError as err:
                 result = (rel, err)
+        elif (why := _raipack_claim(ctx)) is not None:
+            result = (rel, fmt.FormatError(
+                f"{rel} starts with {head!r}, not raipack's header magic {fmt.MAGIC!r}, but {why}, "
+                "and a package raipack built must have raipack's header",
+                f"rebuild the package with raipack build, or copy {rel} again from the package raipack wrote"))
     ctx._npu_header = result
     return result or None
 
@@ -73,17 +103,21 @@ def npu_header(ctx):
     4096), its size (dtype × shape), inside the file, no two tensors
     overlapping. Reads the header only. raipack writes a package's
     `manifest.json` last, so a reference header without one is an
-    unfinished or altered package."""
+    unfinished or altered package. A package that says raipack built it
+    (its manifest, or a reference profile) must have such a header: one
+    without the magic, truncated, of another version or with a broken
+    JSON document is an error, as RP902–RP907 cannot check it."""
     ref = _reference(ctx)
     if ref is None:
         return
     rel, doc = ref
-    if "manifest.json" not in ctx.pkg.files:
+    if "manifest.json" not in ctx.pkg.files and ctx._npu_magic:  # without the magic, RP107 reports it
         yield ctx.finding("manifest.json", f"is missing, but {rel} is a raipack reference header: raipack writes the manifest last, so this package is unfinished or was altered",
                           "rebuild the package with raipack build, or copy it again with its manifest.json")
     fmt = _formats()
     if isinstance(doc, fmt.FormatError):
-        yield ctx.finding(rel, str(doc), doc.hint or "rebuild the package with raipack build", doc.pointer)
+        yield ctx.finding(rel, f"{doc}; RP902–RP907 read this header, so they could not check the package",
+                          doc.hint or "rebuild the package with raipack build", doc.pointer)
         return
     wrel = doc.get("weights_file", weights_sibling(rel))
     if wrel != weights_sibling(rel):
@@ -259,6 +293,23 @@ def _sha_file(path: str, size: int, mtime: float) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
+_PLAN_ERRORS: dict[str, list] = {}
+
+
+def _plan_schema_errors(plan_sha: str, plan: dict) -> list:
+    """The schema errors of a plan, remembered by its sha256: a 16K package holds ~90 plans of ~25 ms
+    of schema validation each, and a process that validates copies of a package sees each plan again."""
+    errs = _PLAN_ERRORS.get(plan_sha)
+    if errs is None:
+        from .. import schemas
+
+        errs = schemas.errors("metastate_plan", plan)
+        if len(_PLAN_ERRORS) >= 1024:
+            _PLAN_ERRORS.clear()
+        _PLAN_ERRORS[plan_sha] = errs
+    return errs
+
+
 @check("RP905", "metastate-plans")
 def metastate_plans(ctx):
     """In a raipack package, every `dd_metastate_*` set's `.plan` follows
@@ -273,7 +324,6 @@ def metastate_plans(ctx):
     if doc is None:
         return
     from .buckets import TIERED, metastate_sets
-    from .. import schemas
 
     fmt = _formats()
     header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
@@ -301,7 +351,8 @@ def metastate_plans(ctx):
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             yield ctx.finding(plan_rel, f"is not valid JSON ({err})", "rebuild the package")
             continue
-        errs = schemas.errors("metastate_plan", plan)
+        plan_sha = hashlib.sha256(raw).hexdigest()
+        errs = _plan_schema_errors(plan_sha, plan)
         for pointer, message in errs[:10]:
             yield ctx.finding(plan_rel, message, "rebuild the package; plans are written by raipack fuse", pointer)
         if errs:
@@ -315,7 +366,7 @@ def metastate_plans(ctx):
             except fmt.FormatError as err:
                 yield ctx.finding(srel, str(err), err.hint)
                 continue
-            if state.get("plan_sha256") != hashlib.sha256(raw).hexdigest():
+            if state.get("plan_sha256") != plan_sha:
                 yield ctx.finding(srel, f"records another sha256 for {plan_rel.rsplit('/', 1)[-1]} (the plan was edited or swapped)", "rebuild the package", "/plan_sha256")
             if state.get("header_sha256") != header_sha:
                 yield ctx.finding(srel, f"was written for another {rel}", "rebuild the package; files of different builds were mixed", "/header_sha256")

@@ -6,6 +6,10 @@ MatMulNBits node whose weights are external data, consistent configs, a
 tokenizer, NPU weight files, cache meta files and metastate sets. `Dims`
 scales it; `sparse=True` writes weight files as sparse files of the real size
 (an 8B-shaped package costs no disk).
+
+raipack's own reference profiles are never imitated: their packages are copies
+of real ones, fused by stages/fuse/reference.py from a tiny model exported by
+the OGA builder (`reference_package`), built once per test run.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,8 +245,13 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: 
     data file to that size (sparse when `sparse`), for size-shaped tests.
     """
     profile = get_profile(profile_id)
-    d = d or Dims()
     pkg = Path(root) / (name or folder_name(profile))
+    if profile["target"] == "reference":
+        if (d, sparse, npu_bytes, data_bytes, max_length) != (None, False, 4096, 0, None):
+            raise ValueError(f"{profile_id} packages are copies of one real fused package; they take no dimensions or sizes")
+        shutil.copytree(reference_package(profile_id), pkg, dirs_exist_ok=True)
+        return pkg
+    d = d or Dims()
     pkg.mkdir(parents=True, exist_ok=True)
     lay = layout_for(profile)
     if profile["id"] in ("hf-source", "quark-export"):
@@ -264,9 +278,6 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: 
         _cache(pkg / lay.cache, d, sparse)
     if profile["metastate"]["required"] or profile["metastate"]["siblings"]:
         _metastate(pkg, profile, d, max_length)
-    if profile["target"] == "reference":
-        (pkg / "README.md").write_text("# test package\n\nWritten by raipack's test factory.\n")
-        write_manifest(pkg, kind="package", target_profile=profile.get("extends"))
     return pkg
 
 
@@ -331,3 +342,135 @@ def write_safetensors(path: Path, tensors: dict) -> None:
 
 def lfs_pointer_text(data_size: int, oid: str = "a" * 64) -> str:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {data_size}\n"
+
+
+# -- real reference packages -------------------------------------------------
+
+REFERENCE_DIR_ENV = "RAIPACK_TEST_REFERENCE_DIR"
+TINY = Dims(layers=2, heads=4, kv_heads=2, head_size=64, vocab=512, intermediate=512, context_length=16384)
+_REPO = Path(__file__).resolve().parents[1]
+# what the reference packages are made of: a change to any of these files builds them again
+_REFERENCE_INPUTS = ("tests/factory.py", "tests/test_stages/conftest.py", "stages/fuse/**/*", "stages/export/**/*.py",
+                     "stages/quantize/data/calib.txt", "pipeline/profiles/*.json", "pipeline/profile.py", "pipeline/package.py")
+
+
+def reference_package(profile_id: str) -> Path:
+    """The real package of reference profile `profile_id` (read-only: copy it before changing it).
+
+    Every reference profile is fused by stages/fuse/reference.py from one tiny model (TINY: a random
+    Llama written as a Quark uint4 export, exported by the OGA builder), with its manifest written as
+    the build runner would. They are built once, in a subprocess holding a file lock, into the folder
+    $RAIPACK_TEST_REFERENCE_DIR (tests/conftest.py sets it under the test run's temp folder, so
+    pytest-xdist workers and the subprocesses tests start share it), else into a folder of the
+    system's temp folder named by a digest of the files they are made of."""
+    folder = _reference_build() / profile_id
+    if not folder.is_dir():
+        raise ValueError(f"{profile_id} is not a reference profile")
+    return folder
+
+
+def reference_export() -> tuple[Path, Path]:
+    """(OGA export, Quark export) the reference packages were fused from (read-only)."""
+    base = _reference_build()
+    return base / "oga", base / "quark"
+
+
+def reference_build_seconds() -> float:
+    """How long building the reference packages took."""
+    return json.loads((_reference_build() / "build.json").read_text())["seconds"]
+
+
+def reference_key() -> str:
+    """A digest of the files the reference packages are made of."""
+    h = hashlib.sha256(sys.version.encode())
+    for pattern in _REFERENCE_INPUTS:
+        for path in sorted(p for p in _REPO.glob(pattern) if p.is_file() and "__pycache__" not in p.parts):
+            h.update(path.relative_to(_REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _reference_build() -> Path:
+    base = Path(os.environ.get(REFERENCE_DIR_ENV) or Path(tempfile.gettempdir()) / f"raipack-test-reference-{os.getuid()}" / reference_key())
+    if not base.is_dir():
+        base.parent.mkdir(parents=True, exist_ok=True)
+        # the child takes the lock and finishes even if this process is killed meanwhile
+        proc = subprocess.run([sys.executable, "-c", "import sys, factory; factory._build_locked(sys.argv[1])", str(base)],
+                              cwd=_REPO, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO / "tests"), str(_REPO)])),
+                              capture_output=True, text=True)
+        if proc.returncode or not base.is_dir():
+            raise RuntimeError(f"building the reference packages in {base} failed:\n{proc.stderr[-4000:]}")
+    return base
+
+
+def _build_locked(base: str) -> None:
+    import fcntl
+
+    base = Path(base)
+    with open(base.parent / f"{base.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if base.is_dir():
+            return
+        start = time.perf_counter()
+        work = base.parent / f".{base.name}.partial"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        build_reference_packages(work)
+        write_json(work / "build.json", {"seconds": round(time.perf_counter() - start, 2)})
+        os.rename(work, base)  # the folder exists only complete
+
+
+def build_reference_packages(out: Path, d: Dims = TINY) -> None:
+    """out/quark (a Quark export of a random model), out/oga (its OGA export) and out/<profile id>
+    for every reference profile, fused by the reference backend; a fuse finding is an error here."""
+    from pipeline.profile import all_profiles
+    from stages.export.builder import export
+    from stages.fuse.reference import fuse
+
+    write_quark_export(out / "quark", d)
+    export(out / "quark", out / "oga")
+    for pid, profile in all_profiles().items():
+        if profile["target"] != "reference":
+            continue
+        report = fuse(out / "oga", out / pid, profile, quark_dir=out / "quark")
+        if report["findings"] or not report["npu_complete"]:
+            raise RuntimeError(f"fusing the tiny model for {pid} reported {report['findings']}")
+        write_manifest(out / pid, target_profile=profile["extends"])
+
+
+def write_quark_export(folder: Path, d: Dims, seed: int = 0) -> Path:
+    """The folder Quark's export_safetensors(custom_mode="quark", weight_format="real_quantized",
+    pack_method="reorder") writes for a random Llama of dimensions `d` with tied embeddings and
+    lm_head excluded: uint4 per group, asymmetric; no Quark run (importing Quark alone takes a minute)."""
+    from test_stages.conftest import train_bpe_tokenizer
+
+    folder.mkdir(parents=True)
+    tok = train_bpe_tokenizer(folder, vocab_size=d.vocab)
+    rng = np.random.default_rng(seed)
+    H, q_out, kv_out = d.hidden, d.heads * d.head_size, d.kv_heads * d.head_size
+    tensors = {"model.embed_tokens.weight": rng.normal(0, 0.5, (d.vocab, H)).astype(np.float32), "model.norm.weight": np.ones(H, np.float32)}
+    linears = {"self_attn.q_proj": (H, q_out), "self_attn.k_proj": (H, kv_out), "self_attn.v_proj": (H, kv_out), "self_attn.o_proj": (q_out, H),
+               "mlp.gate_proj": (H, d.intermediate), "mlp.up_proj": (H, d.intermediate), "mlp.down_proj": (d.intermediate, H)}
+    for i in range(d.layers):
+        prefix = f"model.layers.{i}."
+        tensors[prefix + "input_layernorm.weight"] = np.ones(H, np.float32)
+        tensors[prefix + "post_attention_layernorm.weight"] = np.ones(H, np.float32)
+        for name, (k, n) in linears.items():
+            groups = k // d.group_size
+            tensors[prefix + name + ".weight"] = _pack_uint4_reorder(rng.integers(0, 16, (k, n)))
+            tensors[prefix + name + ".weight_scale"] = rng.uniform(0.002, 0.01, (groups, n)).astype(np.float32)
+            tensors[prefix + name + ".weight_zero_point"] = _pack_uint4_reorder(rng.integers(6, 10, (groups, n)))
+    write_safetensors(folder / "model.safetensors", tensors)
+    cfg = model_config(d, with_quant=True)
+    cfg.update(tie_word_embeddings=True, hidden_act="silu", rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False, mlp_bias=False,
+               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    write_json(folder / "config.json", cfg)
+    write_json(folder / "generation_config.json", {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id})
+    return folder
+
+
+def _pack_uint4_reorder(values: np.ndarray) -> np.ndarray:
+    """Quark's uint4 packing with pack_method "reorder": eight values of the last axis per int32,
+    in the order 0, 2, 4, 6, 1, 3, 5, 7 from the lowest nibble up."""
+    rows, cols = values.shape
+    v = values.astype(np.uint32).reshape(rows, cols // 8, 8)[:, :, [0, 2, 4, 6, 1, 3, 5, 7]]
+    return (v << (4 * np.arange(8, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32).view(np.int32)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import copy
 import difflib
+import fnmatch
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import profile as profiles
 from .checks import run_checks
 from .checks.advice import prompt_limit, sdk_version
 from .checks.buckets import tiers_present
@@ -25,9 +28,12 @@ from .checks.manifest import manifest_files
 from .checks.provider import pow2_ceil, pow2_floor
 from .errors import RaipackError, UsageError
 from .output import atomic_write_bytes
+from .package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json
 from .validate import open_package
 
 GENAI = "genai_config.json"
+RAI = "rai_config.json"
+MAX_DEPTH = 64  # AMD's genai_config.json files nest 6 levels; deeper is not a config
 
 
 class Refused(RaipackError):
@@ -41,7 +47,13 @@ class Plan:
     new_text: str
     changes: list[tuple[str, object, object]]  # (setting, old, new)
     sdk: tuple[str, str]
+    profile: str  # the package's profile, detected before the edit; the candidate and the result are checked against it
+    reason: str
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
 
     def diff(self) -> str:
         lines = difflib.unified_diff(self.old_text.splitlines(True), self.new_text.splitlines(True), f"a/{GENAI}", f"b/{GENAI}")
@@ -60,8 +72,9 @@ def compiled_tiers(ctx, phase: str) -> list[int]:
 def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size: int | None, sdk: str | None = None, profile: str = "auto") -> Plan:
     if max_length is None and max_prompt is None and chunk_size is None:
         raise UsageError("raipack tune needs at least one of --max-length, --max-prompt, --chunk-size", "e.g. raipack tune PACKAGE --max-length 8192")
-    ctx, _ = open_package(path, profile)
+    ctx, reason = open_package(path, profile)
     doc, old_text = _load(ctx)
+    _check_rai_config(ctx)
     if GENAI in manifest_files(ctx):
         raise Refused(f"{ctx.pkg.root / 'manifest.json'} records the size and hash of {GENAI}; tuning it would leave the manifest stale (RP801/RP802)", "rebuild the package with the new lengths (raipack build), or tune a copy without manifest.json")
     L = lengths(ctx)
@@ -71,7 +84,7 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
     cs = chunk_size or L["chunk_size"]
     if not ml:
         raise Refused(f"{GENAI} has no search.max_length to tune from", "pass --max-length")
-    _check_token_tiers(ctx, ml)
+    _check_token_tiers(ctx, ml, profile == "auto")
     prefill = compiled_tiers(ctx, "prefill")
     if chunk_size is not None:
         if prefill and chunk_size not in prefill:
@@ -111,30 +124,93 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
         seq = _seq_length(ctx, ml, cs if L["chunked"] else None, prompt, kv, prefill)
         put("hybrid_opt_max_seq_length", _container(new, where["hybrid_opt_max_seq_length"]), "hybrid_opt_max_seq_length", str(seq))
     new_text = dump_like(new, old_text)
-    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version)
-    _prevalidate(path, profile, new, version[0])
+    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version, ctx.profile["id"], reason)
+    after = _prevalidate(ctx, new, version[0])
+    if profile == "auto":
+        found = profiles.detect(after)
+        now = found.profile["id"] if found else "oga-export"
+        if now != p.profile:
+            p.reason = f"detected before the edit: {reason}"
+            p.notes.append(f"note: with these settings `--profile auto` takes this package for profile {now}, no longer {p.profile}; pass --profile {p.profile} to later tune and validate runs (to undo this change, too)")
     return p
 
 
 def _load(ctx) -> tuple[dict, str]:
+    """genai_config.json parsed (by the package's capped JSON reader) and as text."""
     path = ctx.pkg.root / GENAI
     if GENAI not in ctx.pkg.files:
+        scanned = [f for f in ctx.pkg.scan_findings if f.path == GENAI]
+        if scanned:  # a special file, or a symlink leaving the package: refused by the scan, never opened
+            raise Refused(f"{path} {scanned[0].message}; expected the package's own genai_config.json", scanned[0].hint)
         raise RaipackError(f"{path} is missing: there is nothing to tune", "tune a package folder that holds genai_config.json")
     try:
-        text = path.read_bytes().decode("utf-8-sig")
-        doc = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise RaipackError(f"{path} cannot be read as JSON ({exc}); expected the package's genai_config.json", "run `raipack validate` on the package first") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("search", {}), dict):
-        raise RaipackError(f"{path}: search is not a JSON object; expected genai_config.json's search settings", "run `raipack validate` on the package first")
+        doc = ctx.pkg.json(GENAI)
+        text = ctx.pkg.read_bytes(GENAI, JSON_MAX_BYTES, "JSON config").decode("utf-8-sig")  # for the diff and the indent
+        same = parse_json(text)[0] == doc
+    except ReadError as exc:
+        raise Refused(f"{path} {exc}; expected the package's genai_config.json", exc.hint or "run `raipack validate` on the package first") from None
+    except UnicodeDecodeError:
+        same = False
+    if not same:
+        raise RaipackError(f"{path} changed while raipack tune was reading it", "run raipack tune again")
+    if not isinstance(doc, dict):
+        raise Refused(f"{path} is not a JSON object; expected genai_config.json's settings", "run `raipack validate` on the package first")
+    depth = json_depth(doc)
+    if depth > MAX_DEPTH:
+        raise Refused(f"{path} is nested {depth} levels deep; expected a genai_config.json of at most {MAX_DEPTH} levels", "check that the right file was placed here")
+    if not isinstance(doc.get("search", {}), dict):
+        raise Refused(f"{path}: search is not a JSON object; expected genai_config.json's search settings", "run `raipack validate` on the package first")
+    dups = ctx.pkg.duplicate_keys(GENAI)
+    if dups:
+        raise Refused(f"{path} holds key {_show(dups[0].key)} {len(dups[0].values)} times in the object at {dups[0].pointer or '/'}; rewritten, it would keep only the last value", "remove the duplicates (raipack validate names them), then tune again")
     return doc, text
 
 
-def _check_token_tiers(ctx, ml: int) -> None:
+def json_depth(value) -> int:
+    """How deeply a parsed JSON value nests (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _check_rai_config(ctx) -> None:
+    """rai_config.json's max_prompt_length, which tune checks prompts against, holds whole numbers."""
+    if RAI not in ctx.pkg.files:
+        return
+    path = ctx.pkg.root / RAI
+    try:
+        doc = ctx.pkg.json(RAI)
+    except JsonError as exc:
+        raise Refused(f"{path} {exc}; tune checks prompt lengths against its max_prompt_length", exc.hint) from None
+    table = doc.get("max_prompt_length", {}) if isinstance(doc, dict) else None
+    if not isinstance(table, dict):
+        raise Refused(f"{path}: max_prompt_length is {_show(table)}; expected an object of Ryzen AI version to prompt length, such as {{\"1.8.0\": 4096}}", "fix rai_config.json (raipack validate names every problem), then tune again")
+    for version, n in table.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise Refused(f"{path}: max_prompt_length[{_show(version)}] is {_show(n)}; expected a whole number of tokens, such as 4096", "fix rai_config.json (raipack validate names every problem), then tune again")
+
+
+def _show(value) -> str:
+    """A short, terminal-safe rendering of a JSON value for a message."""
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+    text = json.dumps(value)  # quotes strings and escapes control characters
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_token_tiers(ctx, ml: int, auto: bool = False) -> None:
     token = compiled_tiers(ctx, "token")
     top = max(token) if token else ctx.profile.get("context")
     if top and ml > top:
-        raise Refused(f"--max-length {ml} is above {top}, the largest token tier profile {ctx.profile['id']} packages are compiled for", f"use --max-length {top} or less")
+        hint = f"use --max-length {top} or less"
+        if auto and _detected_by_lengths(ctx):
+            hint += f"; if the package was tuned down from a larger profile, name that profile with --profile (auto detection took it for {ctx.profile['id']} from its search.max_length)"
+        raise Refused(f"--max-length {ml} is above {top}, the largest token tier profile {ctx.profile['id']} packages are compiled for", hint)
     cl = lengths(ctx)["context_length"]
     if cl and ml > cl:
         raise Refused(f"--max-length {ml} is above the model's context_length {cl} ({GENAI} /model/context_length)", f"use --max-length {cl} or less")
@@ -171,19 +247,28 @@ def dump_like(doc: dict, original: str) -> str:
     return text + "\n" if original.endswith("\n") else text
 
 
-def _prevalidate(path: Path, profile: str, candidate: dict, version: str) -> None:
-    """Refuse when the candidate file would fail a check the current one passes."""
-    def errors(virtual):
-        ctx, _ = open_package(path, profile, virtual=virtual)
-        ctx.sdk_version = version
-        found, _ = run_checks(ctx)
+def _detected_by_lengths(ctx) -> bool:
+    """Whether --profile auto chose the profile from search.max_length (not from the folder name)."""
+    prof = ctx.profile
+    by_name = any(fnmatch.fnmatchcase(ctx.pkg.name, pattern) for pattern in prof["detect"]["name_patterns"])
+    return not by_name and any(c.get("pointer") == "/search/max_length" for c in prof["detect"]["content"])
+
+
+def _prevalidate(ctx, candidate: dict, version: str):
+    """Refuse when the candidate file would fail a check the current one passes,
+    both checked against the profile detected before the edit; the candidate's package."""
+    def errors(c):
+        c.sdk_version = version
+        found, _ = run_checks(c)
         return {(f.check_id, f.path, f.pointer): f for f in found if f.severity == "error"}
 
-    before, after = errors(None), errors({GENAI: candidate})
+    after_ctx, _ = open_package(ctx.pkg.root, ctx.profile["id"], virtual={GENAI: candidate})
+    before, after = errors(ctx), errors(after_ctx)
     new = [f for key, f in after.items() if key not in before]
     if new:
         f = new[0]
         raise Refused(f"the new settings would fail check {f.check_id}: {f.path} {f.message}", f.hint or "choose other values")
+    return after_ctx.pkg
 
 
 def backup_path(target: Path) -> Path:
@@ -195,22 +280,30 @@ def backup_path(target: Path) -> Path:
 
 
 def apply(p: Plan) -> Path | None:
-    """Back up the file, then replace it atomically; None when nothing changes."""
+    """Back up the file, then replace it atomically with the same mode and owner
+    (through an in-package symlink: its target is replaced, the link stays);
+    None when nothing changes."""
     if p.new_text == p.old_text:
         return None
-    original = p.path.read_bytes()
-    if original.decode("utf-8-sig") != p.old_text:
+    try:  # the package reader refuses a link leaving the package or a special file, unopened
+        original = Package(p.root).read_bytes(GENAI, JSON_MAX_BYTES, "JSON config")
+    except ReadError as exc:
+        raise Refused(f"{p.path} {exc}; nothing was written", exc.hint) from None
+    target = Path(os.path.realpath(p.path))
+    if original.decode("utf-8-sig", "replace") != p.old_text:
         raise RaipackError(f"{p.path} changed while raipack tune was running", "run raipack tune again")
+    mode = os.stat(target)
     backup = backup_path(p.path)
-    atomic_write_bytes(backup, original)
-    atomic_write_bytes(p.path, p.new_text.encode("utf-8"))
+    atomic_write_bytes(backup, original, like=mode)
+    atomic_write_bytes(target, p.new_text.encode("utf-8"), like=mode)
     return backup
 
 
-def revalidate(path: Path, profile: str, version: str):
+def revalidate(p: Plan):
+    """Validate the written package against the profile it was tuned under."""
     from .findings import Result
 
-    ctx, reason = open_package(path, profile)
-    ctx.sdk_version = version
+    ctx, _ = open_package(p.root, p.profile)
+    ctx.sdk_version = p.sdk[0]
     findings, ran = run_checks(ctx)
-    return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files))
+    return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=p.reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files))

@@ -6,12 +6,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from helpers import edit_json, ryzen
 from pipeline.cli import main
+from pipeline.errors import RaipackError
+from pipeline.tune import apply, plan
 from pipeline.validate import validate
 
 P16, P4, P16_OLD = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.7.1-npu-16K"
@@ -163,3 +166,132 @@ def test_a_killed_write_keeps_the_original(make_pkg, capsys):
     assert [f for f in validate(pkg).findings if f.severity == "error"] == []
     code, _, _ = run(capsys, pkg, "--max-length", 8192)  # a later run works
     assert code == 0 and genai(pkg)["search"]["max_length"] == 8192
+
+
+# -- the file keeps what it was: mode, owner, symlink --------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_tune_keeps_the_file_mode_and_owner(make_pkg, capsys, mode):
+    pkg = make_pkg(P16)
+    (pkg / GENAI).chmod(mode)
+    owner = (65534, 65534) if os.geteuid() == 0 else (os.getuid(), os.getgid())  # as root, prove another owner is kept too
+    os.chown(pkg / GENAI, *owner)
+    code, _, _ = run(capsys, pkg, "--max-length", 8192)
+    assert code == 0 and genai(pkg)["search"]["max_length"] == 8192
+    backup = next(pkg.glob(f"{GENAI}.*.bak"))
+    for path in (pkg / GENAI, backup):
+        st = path.stat()
+        assert (oct(st.st_mode & 0o7777), (st.st_uid, st.st_gid)) == (oct(mode), owner), path.name
+
+
+def test_tune_writes_through_an_in_package_symlink(make_pkg, capsys):
+    pkg = make_pkg(P16)
+    (pkg / "conf").mkdir()
+    original = (pkg / GENAI).read_bytes()
+    (pkg / GENAI).rename(pkg / "conf" / "settings.json")
+    (pkg / GENAI).symlink_to("conf/settings.json")
+    code, out, err = run(capsys, pkg, "--max-length", 8192)
+    assert (code, err) == (0, ""), out
+    assert (pkg / GENAI).is_symlink() and os.readlink(pkg / GENAI) == "conf/settings.json"
+    assert json.loads((pkg / "conf" / "settings.json").read_text())["search"]["max_length"] == 8192
+    assert next(pkg.glob(f"{GENAI}.*.bak")).read_bytes() == original
+    assert [p.name for p in pkg.rglob("*.tmp")] == []
+
+
+def test_a_symlink_repointed_outside_after_planning_is_not_written_through(make_pkg, tmp_path):
+    pkg = make_pkg(P16)
+    (pkg / GENAI).rename(pkg / "settings.json")
+    (pkg / GENAI).symlink_to("settings.json")
+    p = plan(pkg, 8192, None, None)
+    outside = tmp_path / "outside.json"
+    outside.write_bytes((pkg / "settings.json").read_bytes())
+    (pkg / GENAI).unlink()
+    (pkg / GENAI).symlink_to(outside)  # swapped between the plan and the write
+    with pytest.raises(RaipackError, match="resolves outside the package .*; nothing was written"):
+        apply(p)
+    assert json.loads(outside.read_text())["search"]["max_length"] == 16384 and list(pkg.glob("*.bak")) == []
+
+
+@pytest.mark.parametrize("kind", ["outside", "dev-zero", "fifo"])
+def test_a_genai_config_that_is_no_package_file_is_refused_unopened(make_pkg, capsys, tmp_path, kind):
+    pkg = make_pkg(P16)
+    outside = tmp_path / "outside.json"
+    outside.write_bytes((pkg / GENAI).read_bytes())
+    (pkg / GENAI).unlink()
+    if kind == "fifo":
+        os.mkfifo(pkg / GENAI)  # opening it for reading would hang
+    else:
+        (pkg / GENAI).symlink_to(outside if kind == "outside" else "/dev/zero")
+    before = {p.name: p.lstat().st_mtime_ns for p in pkg.iterdir()}
+    code, out, err = run(capsys, pkg, "--max-length", 8192)
+    lines = err.splitlines()
+    assert code == 1 and out == "" and len(lines) == 2 and lines[1].startswith("  hint: ")
+    assert f"{GENAI} is a symlink that leaves the package" in lines[0] if kind != "fifo" else "is not a regular file" in lines[0]
+    assert {p.name: p.lstat().st_mtime_ns for p in pkg.iterdir()} == before
+    assert json.loads(outside.read_text())["search"]["max_length"] == 16384
+
+
+def test_round_trip_in_a_folder_without_rai_in_its_name(make_pkg, capsys):
+    """search.max_length is what --profile auto tells a 16K package from a 4K one by, in a folder not
+    named like AMD's: tune checks the edit against the profile detected before it, says how to keep it."""
+    pkg = make_pkg(P16_OLD, name="my-model")
+    original = (pkg / GENAI).read_bytes()
+    code, out, _ = run(capsys, pkg, "--max-length", 4096)
+    assert code == 0
+    assert f"profile {P16_OLD} (detected before the edit:" in out  # validated against the same profile, not re-detected
+    assert f"pass --profile {P16_OLD} to later tune and validate runs" in out
+    code, _, err = run(capsys, pkg, "--max-length", 16384)  # auto detection now sees a 4K package ...
+    assert code == 1 and "above 4096" in err and "name that profile with --profile" in err
+    code, out, _ = run(capsys, pkg, "--max-length", 16384, "--profile", P16_OLD)  # ... and the note's --profile undoes it
+    assert code == 0 and (pkg / GENAI).read_bytes() == original
+    assert [f for f in validate(pkg).findings if f.severity != "advice"] == []
+
+
+# -- what is read is capped; bad input is one sentence -------------------------------
+
+HUGE_GENAI = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # reading the file whole would need 2 GiB and more
+from pipeline.cli import main
+main(["tune", sys.argv[1], "--max-length", "8192"])
+"""
+
+
+def test_a_2gb_genai_config_is_refused_before_it_is_read(make_pkg):
+    pkg = make_pkg(P16)
+    with open(pkg / GENAI, "r+b") as fh:
+        fh.truncate(2 << 30)  # sparse: costs no disk
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", HUGE_GENAI, str(pkg)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and len(lines) == 2, proc.stderr[-2000:]
+    assert time.monotonic() - start < 15  # a process start and a scan; reading 2 GiB is not in it
+    assert f"{GENAI} is 2147483648 bytes, more than the 67108864 bytes" in lines[0] and lines[1].startswith("  hint: ")
+    assert (pkg / GENAI).stat().st_size == 2 << 30 and list(pkg.glob("*.bak")) == []
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+BAD_INPUT = [
+    (GENAI, lambda text: text.replace("{", '{"x_deep": ' + _deep(900) + ",", 1), f"{GENAI} is nested 901 levels deep"),
+    (GENAI, lambda text: text.replace("{", '{"x_deep": ' + _deep(100_000) + ",", 1), f"{GENAI} is not usable JSON: nested too deeply"),
+    (GENAI, lambda text: text.replace('"npu"', '"cpu", "hybrid_opt_token_backend": "npu"', 1), 'holds key "hybrid_opt_token_backend" 2 times in the object at /model/decoder/session_options/provider_options/0/RyzenAI'),
+    ("rai_config.json", lambda _: '{"max_prompt_length": {"1.8.0": "4096"}}', 'max_prompt_length["1.8.0"] is "4096"; expected a whole number'),
+    ("rai_config.json", lambda _: '{"max_prompt_length": {"1.8.0": "abc"}}', 'max_prompt_length["1.8.0"] is "abc"; expected a whole number'),
+    ("rai_config.json", lambda _: '{"max_prompt_length": "abc"}', 'max_prompt_length is "abc"; expected an object'),
+]
+
+
+@pytest.mark.parametrize("rel,edit,words", BAD_INPUT, ids=["genai-900-deep", "genai-100000-deep", "genai-duplicate-key", "rai-string-number", "rai-string", "rai-not-object"])
+def test_bad_input_is_one_sentence_and_exit_1(make_pkg, capsys, rel, edit, words):
+    pkg = make_pkg(P16)
+    (pkg / rel).write_text(edit((pkg / rel).read_text()))
+    before = snapshot(pkg)
+    code, out, err = run(capsys, pkg, "--max-length", 8192)
+    lines = err.splitlines()
+    assert code == 1 and out == "" and len(lines) == 2, err[-2000:]
+    assert lines[0].startswith(f"ERROR: {pkg / rel}") and words in lines[0] and lines[1].startswith("  hint: ")
+    assert snapshot(pkg) == before

@@ -194,12 +194,14 @@ def tune(package, max_length, max_prompt, chunk_size, sdk_version, profile, dry_
         click.echo(f"nothing to change: {p.path} already has these settings")
         sys.exit(0)
     click.echo(p.diff(), nl=False)
+    for note in p.notes:
+        click.echo(note)
     if dry_run:
         click.echo("dry run: nothing written")
         sys.exit(0)
     backup = apply(p)
     click.echo(f"wrote {p.path} (backup: {backup.name})")
-    result = revalidate(package, profile, p.sdk[0])
+    result = revalidate(p)
     code = 1 if result.failed() else 0
     click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False)
     sys.exit(code)

@@ -31,6 +31,10 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     kwargs: dict[str, Any] = {"trust_remote_code": False, "local_files_only": True}
     if quant != "quark":
         kwargs["dtype"] = getattr(torch, dtype)
+    else:  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
+        from stages.quantize.quark_lock import import_quark
+
+        import_quark()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False, local_files_only=True)
     model.eval()

@@ -96,6 +96,9 @@ def parity(
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(int(threads))
+    from stages.quantize.quark_lock import import_quark
+
+    import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
     tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))
     model = AutoModelForCausalLM.from_pretrained(str(quark_dir), dtype=torch.float32).eval()
     swapped = _dequantize_once(model) if dequantize_once else 0

@@ -515,6 +515,7 @@ def quantize(
     device: str = "cpu",
     progress: Progress | None = None,
     tune_runtime: bool = True,
+    notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Quantize the safetensors model in ``src_dir`` to a Quark UINT4 export in ``out_dir``.
 
@@ -522,8 +523,9 @@ def quantize(
     GPTQ use ``num_samples`` windows of ``seq_len`` tokens, RTN uses none. ``progress`` is
     called as ``progress(step, done, total)`` with step ``"calibration"`` per calibration
     batch and ``"awq"``/``"gptq"`` per finished decoder layer. ``tune_runtime`` applies
-    ``apply_runtime_settings()`` on CPU (off only to measure without it). Returns a record
-    of the run.
+    ``apply_runtime_settings()`` on CPU (off only to measure without it). ``notify`` gets
+    a line while Quark waits for another build compiling its extension (default: stderr).
+    Returns a record of the run.
     """
     start = time.perf_counter()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -550,6 +552,9 @@ def quantize(
 
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}
+    from stages.quantize.quark_lock import import_quark
+
+    import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
     from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
 
     try:

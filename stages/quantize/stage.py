@@ -44,7 +44,7 @@ def run(job: Job) -> dict:
         texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
         report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
                           calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
-                          progress=job.progress.callback("quantize"))
+                          progress=job.progress.callback("quantize"), notify=job.progress.line)
     except (QuantizeError, CalibrationError) as exc:
         raise RaipackError(str(exc), getattr(exc, "hint", "") or "fix the recipe's [quantize] options or the input model") from None
     report["memory"] = memory  # next to the measured peak_rss_bytes

@@ -1,0 +1,197 @@
+"""Import AMD Quark without ever hanging on a lock left behind by a killed build.
+
+Importing ``quark.torch`` JIT-compiles Quark's C++ extension with
+``torch.utils.cpp_extension``, which guards the build folder
+(``$TORCH_EXTENSIONS_DIR/quark_hw_emulation_stable_abi``, by default under
+``~/.cache/torch_extensions/py311_cpu``) with a ``lock`` file: created with ``O_EXCL``,
+held open while compiling, removed when done. A process killed while compiling leaves
+the file behind and every later import waits for it forever.
+
+So raipack imports Quark only through :func:`import_quark`, which
+
+1. serialises raipack's own imports with an ``flock`` on
+   ``quark_hw_emulation_stable_abi.raipack.lock`` beside the build folder (the kernel
+   drops an flock when its process dies, so this lock is never stale), waiting at most
+   ``timeout`` seconds and saying so after a few;
+2. holding it, looks at a leftover ``lock``: if a live process has it open, or runs
+   inside the build folder (an orphaned ninja or compiler of a killed build), a compile
+   outside raipack is under way and is waited for, within the same bound; otherwise the
+   lock is stale: it and the half-built folder are removed and Quark compiles afresh;
+3. imports Quark with torch's own wait on that lock bounded too, so a compile another
+   program starts at that moment cannot hang the build either.
+
+Liveness is read from ``/proc`` (Linux). Processes of other users cannot be inspected;
+they cannot write into this user's build folder either. Without ``/proc`` a leftover
+lock is never called stale: the build waits, then fails with a sentence naming it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import RaipackError
+
+EXTENSION = "quark_hw_emulation_stable_abi"  # quark/torch/kernel/hw_emulation/extensions.py
+TIMEOUT = 600.0  # seconds: compiling takes ~5 s of CPU; a loaded machine may take minutes
+NOTICE_AFTER = 3.0
+POLL = 0.2
+CONFIRM = 0.5  # a lock must look dead twice this far apart: torch closes it before removing it
+
+Say = Callable[[str], None]
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def extension_dir() -> Path:
+    """The folder torch compiles Quark's extension into (honours ``TORCH_EXTENSIONS_DIR``)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(EXTENSION, False))
+
+
+def users(lock: Path) -> list[int] | None:
+    """Pids of live processes that hold ``lock`` open or run inside its folder; ``None``
+    when this cannot be known (no ``/proc``)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    target = os.path.realpath(lock)
+    folder = os.path.dirname(target)
+    found = []
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"{entry.path}/cwd")
+            if cwd == folder or cwd.startswith(folder + os.sep):
+                found.append(int(entry.name))
+                continue
+            for fd in os.scandir(f"{entry.path}/fd"):
+                if os.readlink(fd.path) == target:
+                    found.append(int(entry.name))
+                    break
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return found
+
+
+def _stale(lock: Path) -> bool:
+    """True when ``lock`` exists and no live process is behind it, seen twice."""
+    for attempt in range(2):
+        if attempt:
+            time.sleep(CONFIRM)
+        if not lock.exists() or users(lock) != []:
+            return False
+    return True
+
+
+def wait_for_lock(lock: Path, deadline: float, say: Say | None = None) -> bool:
+    """Wait until ``lock`` is gone (True) or stale (False: its compile was killed); raise a
+    one-sentence error when it is still held at ``deadline`` (``time.monotonic()``)."""
+    start = time.monotonic()
+    told = False
+    while lock.exists():
+        if _stale(lock):
+            return False
+        if time.monotonic() >= deadline:
+            pids = users(lock)
+            who = f"process {', '.join(map(str, pids))}" if pids else "a process raipack cannot see"
+            raise RaipackError(f"{lock} is still held by {who} after {time.monotonic() - start:.0f} s of waiting for its compile of AMD Quark's C++ extension",
+                               f"stop that process, or delete {lock.parent} if no compile is running, then build again")
+        if say and not told and time.monotonic() - start >= NOTICE_AFTER:
+            say(f"  waiting for another program compiling AMD Quark's C++ extension ({lock})")
+            told = True
+        time.sleep(POLL)
+    return True
+
+
+@contextmanager
+def build_lock(build_dir: Path, timeout: float = TIMEOUT, say: Say | None = _stderr) -> Iterator[float]:
+    """Hold raipack's lock on ``build_dir`` with no stale torch lock inside; yields the
+    deadline (``time.monotonic()``) the import must keep."""
+    build_dir = Path(build_dir)
+    start = time.monotonic()
+    deadline = start + timeout
+    flock_path = build_dir.parent / f"{build_dir.name}.raipack.lock"
+    try:
+        build_dir.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(flock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RaipackError(f"cannot create {flock_path} to compile AMD Quark's C++ extension: {exc.strerror}",
+                           "set TORCH_EXTENSIONS_DIR to a writable folder") from None
+    try:
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited >= timeout:
+                    raise RaipackError(f"another raipack build held {flock_path} for {waited:.0f} s while compiling AMD Quark's C++ extension",
+                                       "let the other build finish or stop it, then build again") from None
+                if say and not told and waited >= NOTICE_AFTER:
+                    say(f"  waiting for another raipack build compiling AMD Quark's C++ extension ({flock_path})")
+                    told = True
+                time.sleep(POLL)
+        if not wait_for_lock(build_dir / "lock", deadline, say):
+            if say:
+                say(f"  removing {build_dir}: a build was killed while compiling AMD Quark's C++ extension there")
+            try:
+                shutil.rmtree(build_dir)
+            except OSError as exc:
+                raise RaipackError(f"cannot remove {build_dir}, left by a build killed while compiling AMD Quark's C++ extension: {exc.strerror}",
+                                   f"delete {build_dir} yourself, then build again") from None
+        yield deadline
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
+    """``import quark.torch`` (compiling its extension when needed) within ``timeout``
+    seconds, or a one-sentence error; see the module docstring."""
+    if "quark.torch" in sys.modules:
+        return sys.modules["quark.torch"]
+    import importlib
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    build_dir = extension_dir()
+    with build_lock(build_dir, timeout, say) as deadline:
+        failure: list[RaipackError] = []
+
+        class BoundedBaton(cpp_extension.FileBaton):
+            def wait(self) -> None:
+                lock = Path(self.lock_file_path)
+                try:
+                    if not wait_for_lock(lock, deadline, say):
+                        raise RaipackError(f"{lock} was left by a compile of AMD Quark's C++ extension that was killed while raipack waited for it",
+                                           "build again: the next build removes it and compiles the extension afresh")
+                except RaipackError as exc:
+                    failure.append(exc)
+                    raise
+
+        saved = cpp_extension.FileBaton
+        cpp_extension.FileBaton = BoundedBaton
+        try:
+            return importlib.import_module("quark.torch")
+        except Exception as exc:
+            if failure:  # Quark turns any failure of the compile into a RuntimeError of its own
+                raise failure[0] from None
+            if not isinstance(exc, RuntimeError):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RaipackError(f"AMD Quark's C++ extension could not be compiled or loaded in {build_dir}: {first}",
+                               f"check that a C++ compiler and ninja work, or delete {build_dir} and build again") from None
+        finally:
+            cpp_extension.FileBaton = saved

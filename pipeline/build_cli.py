@@ -15,7 +15,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
            "QUARK_LOG_LEVEL": "warning", "TQDM_DISABLE": "1"}
 
 
-def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto") -> int:
+def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False) -> int:
     import os
 
     import click
@@ -26,7 +26,7 @@ def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=Fal
     recipe = load(Path(recipe_path) if recipe_path else None, overrides)
     progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}" + (" (the example model)" if recipe.is_example else f" from {recipe.model}"))
     try:
-        result = build(recipe, until=until, from_=from_, force=force, progress=progress)
+        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache)
     except RaipackError:
         progress.event("build", status="failed")
         raise

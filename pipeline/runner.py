@@ -3,7 +3,10 @@ outputs validated, manifest written, folder renamed into place.
 
 Every stage output is a cache entry; killing the process at any moment leaves
 either a complete entry (with its manifest) or a `.staging-*` folder that no
-later run mistakes for output. A rerun picks up after the last complete stage.
+later run mistakes for output, and that the next build removes (pipeline.staging).
+A rerun picks up after the last complete stage. Entries are sealed read-only and
+checked on every hit (pipeline.cache); the package is a copy, never sharing a
+byte of storage with the cache.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ import json
 import os
 import shutil
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cache, manifest, swap
+from . import cache, manifest, staging, swap
 from . import profile as profiles
 from . import stage as stages
 from .config import config_dict, parse_config
@@ -83,7 +87,7 @@ def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
 
 
 def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
-          progress: Progress | None = None, cache_root: Path | None = None) -> BuildResult:
+          progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False) -> BuildResult:
     start = time.perf_counter()
     progress = progress or Progress("plain")
     profile = profiles.get(recipe.profile)
@@ -96,6 +100,9 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     results: list[StageResult] = []
     if recipe.model is not None:
         outputs["source"] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+    root = cache_root or cache.cache_root()
+    staging.hold(root)  # before the sweep: no other build takes this one's folders for a dead one's
+    staging.sweep_cache(root)
     for name in names:  # what a later stage would refuse, refused before the first one spends minutes
         st = stages.get(name)
         if st.preflight is not None:
@@ -114,7 +121,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
         ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
         t0 = time.perf_counter()
-        hit = None if forcing else cache.lookup(st.name, ckey, cache_root)
+        hit = None if forcing else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
         if hit is None and from_ and names.index(name) < names.index(from_):
             raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
         if hit is not None:
@@ -131,7 +138,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     package = None
     findings = []
     if "fuse" in outputs:
-        package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, progress)
+        package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, root)
     return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
 
 
@@ -152,35 +159,35 @@ def _stored_report(path: Path) -> dict:
 def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root) -> tuple[Path, dict]:
     final = cache.entry(st.name, ckey, cache_root)
     final.parent.mkdir(parents=True, exist_ok=True)
-    _sweep(final.parent)
-    staging = final.parent / f".staging-{ckey}-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
-    job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, staging, profile, recipe, progress, dict(reports))
+    work = final.parent / f".staging-{ckey}-{os.getpid()}"
+    cache.remove(work)
+    work.mkdir()
+    job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
     try:
         report = st.run(job) or {}
-        manifest.mark_incomplete(staging)  # the stage may have replaced the folder
+        manifest.mark_incomplete(work)  # the stage may have replaced the folder
         lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
-        doc = manifest.describe(staging, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
+        doc = manifest.describe(work, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
                                 lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile["id"]})
-        _check_output(st, job, staging, doc)
-        if final.exists():  # an older incomplete entry under the same key
-            shutil.rmtree(final)
-        _commit(staging, final, doc)
+        _check_output(st, job, work, doc)
+        if final.exists():  # an older entry under the same key: incomplete, or rebuilt with --force
+            cache.remove(final)
+        _commit(work, final, doc)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        cache.remove(work)
         raise
     return final, report
 
 
-def _commit(staging: Path, final: Path, doc: dict) -> None:
+def _commit(work: Path, final: Path, doc: dict) -> None:
     """Rename the folder into place, then write its manifest: the manifest is the
-    commit, so no folder ever holds a complete manifest before it is in place."""
-    os.rename(staging, final)
+    commit, so no folder ever holds a complete manifest before it is in place.
+    Then seal it read-only."""
+    os.rename(work, final)
     manifest.put(final, doc)
     (final / manifest.INCOMPLETE).unlink(missing_ok=True)
+    cache.seal(final)
 
 
 def _check_output(st, job, folder: Path, doc: dict) -> None:
@@ -203,26 +210,6 @@ def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
     return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
 
 
-def _sweep(folder: Path, prefix: str = ".staging-") -> None:
-    """Remove staging folders whose process is gone (killed builds)."""
-    for item in folder.glob(prefix + "*"):
-        pid = item.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(item, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> None:
     """build/<package>.stages/<stage> points at the stage's cache entry."""
     links = out_root / f"{pkg_name}.stages"
@@ -235,45 +222,60 @@ def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> 
     os.replace(tmp, link)
 
 
-def _assemble(target: Path, fused: Path, reports, recipe, profile, results, start, progress):
+def _assemble(target: Path, fused: Path, reports, recipe, profile, results, start, root: Path):
     """Copy the fused package next to its build report, validate, rename into place."""
-    from .validate import validate
-
-    staging = target.parent / f".{target.name}.staging-{os.getpid()}"
-    _sweep(target.parent, f".{target.name}.staging-")
-    swap.recover(target, _alive)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    manifest.mark_incomplete(staging)
-    shutil.copytree(fused, staging, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(manifest.NAME), dirs_exist_ok=True)
+    prefix = f".{target.name}.staging-"
+    staging.sweep_beside(target.parent, prefix, root)
+    swap.recover(target, partial(staging.alive, root=root))
+    work = target.parent / f"{prefix}{os.getpid()}"
+    cache.remove(work)
+    work.mkdir()
+    manifest.mark_incomplete(work)
     try:
-        partial = BuildResult(recipe, profile, results, target, time.perf_counter() - start)
-        atomic_write_text(staging / "report.json", json.dumps(partial.report(), indent=2) + "\n")
+        _copy_tree(fused, work)
+        draft = BuildResult(recipe, profile, results, target, time.perf_counter() - start)
+        atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         from .model_card import append_build_numbers
 
-        append_build_numbers(staging / "README.md", partial.report())
-        doc = manifest.describe(staging, "package", lineage={"inputs": [{"stage": "fuse", "path": str(fused), "sha256": cache.folder_digest(fused)}],
+        append_build_numbers(work / "README.md", draft.report())
+        doc = manifest.describe(work, "package", lineage={"inputs": [{"stage": "fuse", "path": str(fused), "sha256": cache.folder_digest(fused)}],
                                 "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key} for r in results]},
-                                tools=partial.report()["tools"], extra={"target_profile": profile["id"]})
-        result = _validate_with_manifest(staging, doc)
+                                tools=draft.report()["tools"], extra={"target_profile": profile["id"]})
+        result = _validate_with_manifest(work, doc)
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:
             raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
-        manifest.put(staging, doc)
-        (staging / manifest.INCOMPLETE).unlink()
-        swap.replace_dir(staging, target)  # the package name always holds a finished package
+        manifest.put(work, doc)
+        (work / manifest.INCOMPLETE).unlink()
+        swap.replace_dir(work, target)  # the package name always holds a finished package
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        cache.remove(work)
         raise
     return target, result.findings
 
 
-def _link_or_copy(src, dst):
-    """Hard links share the cache's bytes; files that get edited are copied instead."""
-    if Path(src).name in ("README.md",):
-        return shutil.copy2(src, dst)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-    return dst
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Copy a cache entry's files (not its manifest) into `dst`, each in storage of its own and
+    writable like a new file: a user editing the package never touches the cache."""
+    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(manifest.NAME), dirs_exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    for dirpath, _, _ in os.walk(dst):  # copytree gave the folders the entry's read-only mode
+        os.chmod(dirpath, 0o777 & ~umask)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """A reflink where the filesystem offers one (btrfs, XFS: shared until either side is written),
+    else a kernel copy (shutil uses sendfile)."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            import fcntl
+
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+            return
+        except (ImportError, OSError):
+            pass
+    shutil.copyfile(src, dst)
+
+
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)

@@ -100,46 +100,49 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     results: list[StageResult] = []
     if recipe.model is not None:
         outputs["source"] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
-    root = cache_root or cache.cache_root()
-    staging.hold(root)  # before the sweep: no other build takes this one's folders for a dead one's
-    staging.sweep_cache(root)
     for name in names:  # what a later stage would refuse, refused before the first one spends minutes
         st = stages.get(name)
         if st.preflight is not None:
             st.preflight(parse_config(st.config, recipe.stages.get(name), f"[{name}]"), profile)
-    forcing = force
-    for name in names:
-        if name == "source" and recipe.model is not None:
-            continue
-        if from_ == name:
-            forcing = True
-        st = stages.get(name)
-        cfg = parse_config(st.config, recipe.stages.get(name), f"[{name}]")
-        missing = [i for i in st.inputs if i not in outputs]
-        if missing:
-            raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
-        digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
-        ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
-        t0 = time.perf_counter()
-        hit = None if forcing else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
-        if hit is None and from_ and names.index(name) < names.index(from_):
-            raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
-        if hit is not None:
-            path, report = hit, _stored_report(hit)
-            status = "cached"
-        else:
-            path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root)
-            status = "built"
-        outputs[name], reports[name] = path, report
-        res = StageResult(name, status, time.perf_counter() - t0, ckey, str(path), report)
-        results.append(res)
-        progress.stage(name, status, res.seconds, report.get("summary", ""))
-        _link_stage_output(out_root, pkg_name, name, path)
-    package = None
-    findings = []
-    if "fuse" in outputs:
-        package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, root)
-    return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
+    root = cache_root or cache.cache_root()
+    staging.hold(root)  # before the sweep: no other build takes this one's folders for a dead one's
+    try:
+        staging.sweep_cache(root)
+        forcing = force
+        for name in names:
+            if name == "source" and recipe.model is not None:
+                continue
+            if from_ == name:
+                forcing = True
+            st = stages.get(name)
+            cfg = parse_config(st.config, recipe.stages.get(name), f"[{name}]")
+            missing = [i for i in st.inputs if i not in outputs]
+            if missing:
+                raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
+            digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
+            ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
+            t0 = time.perf_counter()
+            hit = None if forcing else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
+            if hit is None and from_ and names.index(name) < names.index(from_):
+                raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
+            if hit is not None:
+                path, report = hit, _stored_report(hit)
+                status = "cached"
+            else:
+                path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root)
+                status = "built"
+            outputs[name], reports[name] = path, report
+            res = StageResult(name, status, time.perf_counter() - t0, ckey, str(path), report)
+            results.append(res)
+            progress.stage(name, status, res.seconds, report.get("summary", ""))
+            _link_stage_output(out_root, pkg_name, name, path)
+        package = None
+        findings = []
+        if "fuse" in outputs:
+            package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, root)
+        return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
+    finally:
+        staging.release(root)
 
 
 def _check_output_location(out_root: Path) -> None:

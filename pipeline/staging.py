@@ -31,7 +31,7 @@ _held: dict[str, int] = {}
 
 
 def hold(root: Path) -> None:
-    """Mark this process as a live build of the cache at `root` until it exits."""
+    """Mark this process as a live build of the cache at `root` until `release` or its end."""
     path = Path(root) / LOCKS / str(os.getpid())
     if fcntl is None or str(path) in _held:
         return
@@ -46,6 +46,16 @@ def hold(root: Path) -> None:
     except OSError:  # a read-only cache: sweeps fall back to the pid check
         return
     _held[str(path)] = fd
+
+
+def release(root: Path) -> None:
+    """This process no longer builds into `root` (its lock file goes too)."""
+    path = Path(root) / LOCKS / str(os.getpid())
+    fd = _held.pop(str(path), None)
+    if fd is not None:
+        if _same_file(path, fd):
+            os.unlink(path)
+        os.close(fd)
 
 
 def alive(pid: int, root: Path) -> bool:

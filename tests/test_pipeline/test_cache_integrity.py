@@ -208,6 +208,7 @@ def test_every_build_start_sweeps_all_stages(env, holder):
     run_build(until="source")  # a build that runs neither export nor smoke
     assert not [p for p in dead if p.exists()]
     assert live.is_dir()
+    assert not (root / staging.LOCKS / str(os.getpid())).exists()  # a finished build holds no lock
 
 
 def test_stale_takes_no_stage(env, capsys):

@@ -23,6 +23,7 @@ from . import cache, manifest, staging, swap
 from . import profile as profiles
 from . import stage as stages
 from .config import config_dict, parse_config
+from .crash import stage_crashed
 from .errors import RaipackError, UsageError
 from .inputs import check_model_dir
 from .output import atomic_write_text
@@ -167,7 +168,12 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
     work.mkdir()
     job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
     try:
-        report = st.run(job) or {}
+        try:
+            report = st.run(job) or {}
+        except RaipackError:
+            raise
+        except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/crash.py)
+            raise stage_crashed(st.name, recipe, profile, exc) from exc
         manifest.mark_incomplete(work)  # the stage may have replaced the folder
         lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,41 +125,176 @@ def passes(folder: Path) -> bool:
         return False
 
 
+STAGES = ("source", "quantize", "export", "fuse", "smoke")
+MUST_COVER = (*STAGES, "assemble", "rename")  # where the kills have to land, each at least once
+KILL_BUILD = {"output": "build", **{f"{s}.seconds": 0.4 for s in STAGES}}  # each stage about as long as the runner's checks of a package
 KILL_SCRIPT = """
-import sys
+import json, sys
 sys.path.append(sys.argv[1])
 import fake_stages
 fake_stages.install()
 from pipeline.recipe import load
 from pipeline.runner import build
-build(load(None, {"output": "build", "quantize.delay": 0.01, "export.delay": 0.01, "fuse.delay": 0.01, "smoke.delay": 0.01}))
+fake_stages.log_phase("begin")
+result = build(load(None, json.loads(sys.argv[2])))
+fake_stages.log_phase("end")
+print(json.dumps({s.name: s.status for s in result.stages}))
 """
 
 
-def test_sigkill_at_random_moments_always_recovers(env):
-    """20 builds killed with SIGKILL at random moments; every rerun finishes and no partial folder passes as done."""
-    rng = random.Random(7)
-    final = env / "build" / "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
-    finished_before_kill = 0
-    for i in range(20):
-        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(TESTS)], cwd=env, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 1.5))
+def start_build(env: Path, phases: Path | None = None, pause: float = 0.0) -> subprocess.Popen:
+    """A build in a subprocess; without a phase log (a rerun), at full speed."""
+    extra = {fake_stages.PHASES_ENV: str(phases), fake_stages.PAUSE_ENV: str(pause)} if phases else {fake_stages.NO_DELAY_ENV: "1"}
+    return subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(TESTS), json.dumps(KILL_BUILD)], cwd=env, env={**os.environ, **extra},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def communicate(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the build did not end within {timeout} s:\n{err[-2000:]}")
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    """The stage statuses of a build that must complete, in bounded time."""
+    out, err = communicate(proc)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def phase_time(proc: subprocess.Popen, phases: Path, phase: str) -> float | None:
+    """Wait until the build logs `phase`; its time, or None when the build ended without it."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for t, p in fake_stages.read_phases(phases):
+            if p == phase:
+                return t
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.002)
+    proc.kill()
+    pytest.fail(f"the build never reached {phase}: {fake_stages.read_phases(phases)}")
+
+
+def kill_build(env: Path, phases: Path, pause: float, after: str, offset: float) -> tuple[str, list]:
+    """Start a build, SIGKILL it `offset` seconds after it logs `after`; the phase it died
+    in ("finished" when it ended first) and its phase log."""
+    phases.unlink(missing_ok=True)
+    proc = start_build(env, phases, pause)
+    t0 = phase_time(proc, phases, after)
+    if t0 is not None:
+        time.sleep(max(0.0, t0 + offset - time.monotonic()))
         proc.send_signal(signal.SIGKILL)
-        if proc.wait() == 0:
-            finished_before_kill += 1
-        for entry in cache.entries():
-            if entry["key"].startswith("."):  # a killed stage's staging folder: never an entry
-                assert not entry["complete"] and not manifest.is_complete(Path(entry["path"]))
-            else:
-                assert manifest.is_complete(Path(entry["path"])), entry
-        for partial in (env / "build").glob(".*-*"):  # staging and old folders of the package
-            assert not passes(partial)
-        if final.exists():
-            assert passes(final)
-        if i % 4 == 3:  # now and then, let a rerun finish
-            subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(TESTS)], cwd=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            assert not validate(final).failed()
-            cache.clear()
-    subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(TESTS)], cwd=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert not validate(final).failed()
-    assert finished_before_kill < 20
+    _, err = communicate(proc)
+    assert proc.returncode in (0, -signal.SIGKILL), err[-2000:]
+    log = fake_stages.read_phases(phases)
+    assert log, err[-2000:]
+    return ("finished" if proc.returncode == 0 else log[-1][1]), log
+
+
+def files_not_matching(folder: Path, doc: dict) -> list[str]:
+    """The files a manifest lists that are missing or differ in size or sha256."""
+    bad = []
+    for item in doc.get("files", []):
+        path = folder / item["path"]
+        if not path.is_file() or path.stat().st_size != item["size"] or hashlib.sha256(path.read_bytes()).hexdigest() != item["sha256"]:
+            bad.append(item["path"])
+    return bad
+
+
+def assert_nothing_looks_finished_that_is_not(roots: list[Path], pkg_name: str, entries_root: Path) -> list[str]:
+    """Walk the output and the cache: a folder whose manifest says complete (and no
+    incomplete marker) holds every listed file intact; a folder at the package's name
+    has such a manifest; a folder at a cache entry's name has one or says it is incomplete.
+    Returns the names of the hidden (dot) folders met: what killed builds left."""
+    hidden = []
+    for root in roots:
+        for dirpath, _, _ in os.walk(root):
+            folder = Path(dirpath)
+            if folder.name.startswith("."):
+                hidden.append(folder.name)
+            doc = manifest.read(folder)
+            marked = (folder / manifest.INCOMPLETE).exists()
+            if doc is not None and not marked:
+                assert not files_not_matching(folder, doc), f"{folder} looks finished but {files_not_matching(folder, doc)[:3]} are missing or differ"
+            if folder.name == pkg_name:
+                assert doc is not None and not marked, f"{folder} has the package's name but no complete manifest"
+            if folder.parent.parent == entries_root and not folder.name.startswith("."):
+                assert doc is not None or marked, f"cache entry {folder} has no manifest and no incomplete marker"
+    return hidden
+
+
+def complete_stages() -> set[str]:
+    return {e["stage"] for e in cache.entries() if not e["key"].startswith(".") and manifest.is_complete(Path(e["path"]))}
+
+
+def test_sigkill_in_every_phase_always_recovers(env, monkeypatch, reference_packages):
+    """Builds killed with SIGKILL at moments spread over the whole measured build (and
+    in every phase at least once, the last stage and the final copy and rename
+    included); after each kill the package is absent or complete, nothing looks
+    finished that is not, and the rerun finishes, reusing exactly the stages that
+    were complete."""
+    pause = 0.15  # the fake stages' test-only slowdown of the final copy and of the rename
+    monkeypatch.setenv(fake_stages.PACKAGES_ENV, str(reference_packages["reference-16K"].parent))
+    phases = env / "phases.log"
+    final = env / "build" / "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
+    entries_root = cache.cache_root() / "stages"
+    validated: set[str] = set()
+
+    def complete_package() -> bool:
+        """The package is complete: manifest complete, every file intact, validates (once per manifest)."""
+        doc = manifest.read(final)
+        if doc is None or not manifest.is_complete(final) or files_not_matching(final, doc):
+            return False
+        digest = hashlib.sha256((final / manifest.NAME).read_bytes()).hexdigest()
+        if digest not in validated and passes(final):
+            validated.add(digest)
+        return digest in validated
+
+    # one unkilled build, to measure when each phase starts
+    assert finish(start_build(env, phases, pause)) == dict.fromkeys(STAGES, "built")
+    log = fake_stages.read_phases(phases)
+    assert [p for _, p in log] == ["begin", *[x for s in STAGES for x in (s, s + ":commit")], "assemble", "rename", "end"]
+    measured = duration = log[-1][0] - log[0][0]
+    spans = {p: nxt - t for (t, p), (nxt, _) in zip(log, log[1:])}
+    assert complete_package()
+    cache.clear()
+    shutil.rmtree(env / "build")
+
+    rng = random.Random(7)
+    n = 10
+    step = 0.98 / (n - 1)
+    plan = [("begin", min(1.0, max(0.01, 0.02 + i * step + rng.uniform(-step / 2, step / 2)))) for i in range(n)]
+    landed, left = [], set()
+    while plan:
+        after, fraction = plan.pop(0)
+        offset = fraction * (duration if after == "begin" else spans[after])
+        phase, log = kill_build(env, phases, pause, after, offset)
+        landed.append((after, round(offset, 2), phase))
+        if log[-1][1] == "end":  # it ended before the kill: the measured build was slower than this one
+            duration = min(duration, log[-1][0] - log[0][0])
+        # (a) the package: absent or complete, never partial
+        assert not final.exists() or complete_package(), f"killed in {phase}: {final} is not a complete package"
+        # (b) nothing in the output or the cache looks finished that is not
+        hidden = assert_nothing_looks_finished_that_is_not([env / "build", cache.cache_root()], final.name, entries_root)
+        left |= {"stage" if h.startswith(".staging-") else "package" for h in hidden if h.startswith((".staging-", f".{final.name}.staging-"))}
+        # (c) the rerun finishes, reusing exactly the stages that were complete
+        done = complete_stages()
+        statuses = finish(start_build(env))
+        assert statuses == {s: "cached" if s in done else "built" for s in STAGES}, f"killed in {phase}; complete before the rerun: {sorted(done)}"
+        assert complete_package()
+        cache.clear()
+        if len(landed) % 2:  # every other kill finds no older package in place
+            shutil.rmtree(env / "build")
+        missing = [p for p in MUST_COVER if p not in {p for _, _, p in landed}]
+        if not plan and missing and len(landed) < n + 2 * len(MUST_COVER):
+            # a phase no kill reached yet (a loaded machine shifts them): kill inside it
+            plan.append((missing[0], rng.uniform(0.1, 0.9)))
+    # (d) the kills covered every stage, the last one included, and the final assemble and rename
+    print(f"build {measured:.2f} s (later {duration:.2f} s); kills (after, offset, landed in): {landed}")
+    covered = {p for _, _, p in landed}
+    assert set(MUST_COVER) <= covered, f"no kill landed in {sorted(set(MUST_COVER) - covered)}: {landed}"
+    assert left == {"stage", "package"}, f"the walk met the staging folders of {left} only"  # it saw partial states

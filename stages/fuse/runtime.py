@@ -29,6 +29,7 @@ from typing import Sequence
 
 from . import formats
 from .formats import FormatError
+from .trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
 
 
 class RuntimeRefusal(ValueError):
@@ -38,14 +39,6 @@ class RuntimeRefusal(ValueError):
         super().__init__(message)
         self.limit = limit
         self.requested = requested
-
-
-class PackageError(Exception):
-    """The package cannot be run as it is (missing, corrupt or inconsistent files); `hint` is the next step."""
-
-    def __init__(self, message: str, hint: str = ""):
-        super().__init__(message)
-        self.hint = hint
 
 
 def ryzenai_options(genai: dict) -> dict:
@@ -65,12 +58,14 @@ class ReferenceRuntime:
         import onnxruntime as ort
 
         self.pkg = Path(pkg_dir)
-        self.genai = self._json("genai_config.json")
+        self.files = PackageFiles(self.pkg)  # nothing special, nothing outside the package
+        manifest = self.files.check_manifest(hashes=verify == "sha256")  # hashes on a thread meanwhile
+        self.genai = self.files.json("genai_config.json", "genai_config")
         opts = ryzenai_options(self.genai)
         if not opts:
             raise PackageError(f"{self.pkg / 'genai_config.json'} has no RyzenAI provider options; it is not an NPU package", "fuse the export with raipack's reference backend")
         header_name = opts.get("external_data_file", "model.pb.bin")
-        header_path = self.pkg / header_name
+        header_path = self.files.path(header_name, "genai_config.json's RyzenAI option external_data_file")
         if not formats.is_reference_header(header_path):
             raise PackageError(f"{header_path} is not a raipack reference header (missing, or another format such as AMD's): the reference runtime only runs packages raipack's reference backend wrote",
                                "run AMD packages with AMD's Ryzen AI runtime on an NPU")
@@ -79,6 +74,7 @@ class ReferenceRuntime:
         except FormatError as err:
             raise PackageError(str(err), err.hint) from None
         header = self.weights.header
+        _check_header_fields(header, header_path)
         dec = self.genai["model"]["decoder"]
         self.dims = header["model"]
         self.num_layers, self.kv_heads, self.head_size = self.dims["layers"], self.dims["kv_heads"], self.dims["head_size"]
@@ -95,9 +91,10 @@ class ReferenceRuntime:
             raise PackageError(f"search.chunk_size {self.chunk_size} is not one of the prefill tiers {self.prefill_tiers}", "rebuild the package")
         eos = self.genai["model"].get("eos_token_id", [])
         self.eos_token_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos])}
-        self.pad_token_id = int(self.genai["model"].get("pad_token_id") or 0)
+        pad = self.genai["model"].get("pad_token_id")
+        self.pad_token_id = int((pad[0] if isinstance(pad, list) else pad) or 0)
 
-        rai = self._json("rai_config.json") if (self.pkg / "rai_config.json").is_file() else {}
+        rai = self.files.json("rai_config.json", "rai_config", required=False) or {}
         mpl = rai.get("max_prompt_length") or {}
         self.sdk_version = sdk_version or header.get("release")
         if mpl:
@@ -110,9 +107,13 @@ class ReferenceRuntime:
             self.max_prompt_length = min(self.max_prompt_length, self.prefill_tiers[-1])
 
         # the graph: it must point into model.bin exactly where the header says
-        graph_path = self.pkg / dec.get("filename", "model.onnx")
-        graph_bytes = graph_path.read_bytes()
-        model = onnx.load_from_string(graph_bytes)
+        graph_name = dec.get("filename", "model.onnx")
+        graph_path = self.files.path(graph_name, "genai_config.json model.decoder.filename")
+        graph_bytes = self.files.read(graph_name, "genai_config.json model.decoder.filename", GRAPH_MAX_BYTES, "decoder graph")
+        try:
+            model = onnx.load_from_string(graph_bytes)
+        except Exception as err:  # protobuf's DecodeError and friends: the file is not an ONNX model
+            raise PackageError(f"{graph_path} cannot be parsed as an ONNX model ({type(err).__name__})", "rebuild the package; the file is truncated or corrupt") from None
         wname = header.get("weights_file", "model.bin")
         names, values = [], []
         for t in model.graph.initializer:
@@ -120,7 +121,8 @@ class ReferenceRuntime:
             if ext.get("location") != wname:
                 continue
             entry = self.weights.tensors.get(t.name)
-            if entry is None or int(ext.get("offset", 0)) != entry["offset"] or int(ext.get("length", -1)) != entry["size"] or list(t.dims) != entry["shape"]:
+            offset, length = _offset_length(ext, f"{graph_path.name} (external data of tensor {t.name!r})")
+            if entry is None or offset != entry["offset"] or length != entry["size"] or list(t.dims) != entry["shape"]:
                 raise PackageError(f"{graph_path.name} and {header_name} disagree about tensor {t.name} (offset, length or shape)", "rebuild the package; model.onnx and model.pb.bin come from different builds")
             names.append(t.name)
             values.append(ort.OrtValue.ortvalue_from_numpy(self.weights.array(t.name)))
@@ -135,12 +137,19 @@ class ReferenceRuntime:
             for tier in tier_list:
                 self.plans[(phase, tier)] = self._load_plan(phase, tier, header_sha, graph_sha, model_dims)
 
+        # every weights file as manifest.json recorded it, and the rest of the graph's external data in bounds
+        self.manifest_checked = manifest.result()
+        self._check_external_data(model, graph_path, wname)
+
         so = ort.SessionOptions()
         if threads is not None:
             so.intra_op_num_threads = int(threads)
             so.inter_op_num_threads = 1
         so.add_external_initializers(names, values)
-        self.session = ort.InferenceSession(str(graph_path), so, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(graph_path), so, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's Fail/InvalidGraph/...: the graph does not load
+            raise PackageError(f"onnxruntime cannot load {graph_path}: {first_line(err)}", "rebuild the package; validate it with raipack validate") from None
         ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
         self.input_ids_name = ins.get("input_ids", "input_ids")
         self.attention_mask_name = ins.get("attention_mask", "attention_mask")
@@ -164,24 +173,32 @@ class ReferenceRuntime:
 
     # ------------------------------------------------------------------ loading helpers
 
-    def _json(self, name: str) -> dict:
-        path = self.pkg / name
-        try:
-            return json.loads(path.read_text("utf-8"))
-        except FileNotFoundError:
-            raise PackageError(f"{path} is missing", "copy the whole package folder") from None
-        except json.JSONDecodeError as err:
-            raise PackageError(f"{path} is not valid JSON ({err})", "rebuild the package") from None
+    def _check_external_data(self, model, graph_path: Path, weights_name: str) -> None:
+        """Every tensor of the graph kept in a file other than `weights_name` (handed over from
+        model.bin already) names a file of the package and lies within it, before onnxruntime opens it."""
+        for t in _tensors(model.graph):
+            if t.data_location != 1:  # onnx.TensorProto.EXTERNAL
+                continue
+            ext = {e.key: e.value for e in t.external_data}
+            if ext.get("location") == weights_name:
+                continue
+            source = f"{graph_path.name} (external data of tensor {t.name!r})"
+            rel = self.files.name(ext.get("location"), source)
+            offset, length = _offset_length(ext, source)
+            size = self.files.size(rel)
+            if offset < 0 or (length is not None and (length < 0 or offset + length > size)) or offset > size:
+                raise PackageError(f"{self.pkg / rel} is {size} bytes, but tensor {t.name!r} of {graph_path.name} lies at bytes {offset}..{offset + (length or 0)}: the file is truncated or from another build",
+                                   "rebuild the package, or copy it again")
 
     def _load_plan(self, phase: str, tier: int, header_sha: str, graph_sha: str, model_dims: dict) -> dict:
         stem = formats.metastate_stem(phase, self.node, tier)
         plan_path, state_path = self.pkg / f"{stem}.plan", self.pkg / f"{stem}.state"
         for p in (plan_path, state_path):
-            if not p.is_file():
+            if p.name not in self.files.scan.files:
                 raise PackageError(f"{p.name} is missing: the {phase} tier {tier} has no plan, so the package cannot run at that length", "rebuild the package; every tier needs its dd_metastate set")
-        plan_bytes = plan_path.read_bytes()
+        plan_bytes = self.files.read(plan_path.name, "the tier list of model.pb.bin", JSON_MAX_BYTES, "metastate plan")
         try:
-            state = formats.decode_state(state_path.read_bytes(), state_path.name)
+            state = formats.decode_state(self.files.read(state_path.name, "the tier list of model.pb.bin", JSON_MAX_BYTES, "metastate state"), state_path.name)
         except FormatError as err:
             raise PackageError(str(err), err.hint) from None
         if state.get("plan_sha256") != formats.sha256_hex(plan_bytes):
@@ -190,7 +207,7 @@ class ReferenceRuntime:
             raise PackageError(f"{state_path.name} was written for another model.pb.bin or model.onnx", "rebuild the package; files from different builds were mixed")
         try:
             plan = json.loads(plan_bytes)
-        except json.JSONDecodeError as err:
+        except (ValueError, RecursionError) as err:
             raise PackageError(f"{plan_path.name} is not valid JSON ({err})", "rebuild the package") from None
         problems = formats.plan_problems(plan, phase=phase, tier=tier, model=model_dims, max_length=self.max_length)
         if problems:
@@ -333,3 +350,38 @@ class ReferenceRuntime:
                 break
             row = self.step(tok)
         return (tokens, rows) if return_logits else tokens
+
+
+def _tensors(graph):
+    """Every TensorProto of an ONNX graph: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _tensors(g)
+
+
+def _offset_length(ext: dict, source: str) -> tuple[int, int | None]:
+    """(offset, length or None) of an external data entry; PackageError when they are not whole numbers."""
+    try:
+        return int(ext.get("offset", 0)), (int(ext["length"]) if "length" in ext else None)
+    except ValueError:
+        raise PackageError(f"{source} has offset {ext.get('offset')!r} and length {ext.get('length')!r}; expected whole numbers", "rebuild the package") from None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_header_fields(header: dict, path: Path) -> None:
+    """The header fields the runtime reads: model dimensions and tiers, as positive integers."""
+    dims, tiers = header.get("model"), header.get("tiers")
+    ok = (isinstance(dims, dict) and all(_count(dims.get(k)) for k in ("layers", "kv_heads", "head_size", "vocab_size"))
+          and isinstance(tiers, dict) and isinstance(tiers.get("node"), str) and _count(tiers.get("max_length"))
+          and all(isinstance(tiers.get(k), list) and tiers[k] and all(_count(t) for t in tiers[k]) for k in ("prefill", "token")))
+    if not ok:
+        raise PackageError(f"{path} does not give the model's dimensions (model.layers, kv_heads, head_size, vocab_size) and tiers (tiers.prefill, token, node, max_length) as positive integers",
+                           "rebuild the package")

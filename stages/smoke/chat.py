@@ -7,19 +7,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.errors import RaipackError
+from stages.fuse.trust import first_line
+
 
 def load_tokenizer(pkg: Path):
+    """The package's tokenizer (no code from the package: trust_remote_code=False); RaipackError when broken."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(pkg), local_files_only=True, trust_remote_code=False)
+    try:
+        return AutoTokenizer.from_pretrained(str(pkg), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # tokenizers and transformers raise Exception, ValueError, OSError, ... for broken files
+        raise RaipackError(f"the tokenizer of {pkg} cannot be loaded (tokenizer.json, tokenizer_config.json): {first_line(exc)}",
+                           "copy the package's tokenizer files again, or rebuild the package") from None
 
 
 def chat_ids(tokenizer, text: str, chat: bool = True) -> list[int]:
     """Token ids of `text`, through the chat template when the tokenizer has one."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return list(tokenizer(text)["input_ids"])
+    try:
+        if chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(tokenizer(text)["input_ids"])
+    except Exception as exc:  # a broken chat template (jinja2) or tokenizer
+        raise RaipackError(f"the package's tokenizer or chat template cannot encode the prompt: {first_line(exc)}", "rebuild the package (raipack run --raw skips the chat template)") from None
 
 
 @dataclass

@@ -3,13 +3,41 @@
 Never reports a CPU run as an NPU run: the attempt either loads the model
 with the package's own RyzenAI provider block and generates, or returns the
 exact error onnxruntime-genai gave, in one line.
+
+Nothing from the package, the model folder or the current folder is loaded:
+- the provider library comes only from where the user put it: `$RYZENAI_EP_PATH`
+  (an absolute path to the library or its folder), else the Ryzen AI install in
+  `$RYZEN_AI_INSTALLATION_PATH`. Without one, nothing is tried (onnxruntime-genai
+  would otherwise load `./libonnxruntime_providers_ryzenai.so` from the current
+  folder). A library inside the package, the model folder or the export, or in the
+  current folder itself, is refused.
+- a genai_config.json that names a custom operator library or another provider is
+  refused (onnxruntime-genai would load what it names).
+- the attempt runs in a child process whose working folder is a fresh empty
+  temporary folder, with `RYZENAI_EP_PATH` set to the library found; a crash
+  or hang of the provider ends that process, not the build.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stages.fuse.trust import first_line
+
+LIBRARY = "libonnxruntime_providers_ryzenai.so"
+EP_ENV = "RYZENAI_EP_PATH"
+INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"
+INSTALL_DIRS = ("", "lib", "lib64", "deployment", "deployment/lib")  # where an install keeps the library
+TIMEOUT_S = 1800  # loading and compiling a large model on the NPU takes minutes
+RESULT = "raipack-npu-result "  # prefix of the child's one result line on stdout
 
 
 @dataclass
@@ -20,23 +48,107 @@ class NpuAttempt:
     seconds: float = 0.0
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
 
 
-def try_npu(pkg_dir, prompts: list[list[int]], max_new_tokens: int) -> NpuAttempt:
-    start = time.perf_counter()
+def find_provider_library(untrusted=()) -> tuple[Path | None, str]:
+    """(the provider library to load, "") or (None, one line saying why none is used and where it looked).
+
+    `untrusted` are folders a library must not come from (the package, the model folder, the export)."""
+    ep, install = os.environ.get(EP_ENV, ""), os.environ.get(INSTALL_ENV, "")
+    if ep:
+        chosen = Path(ep)
+        if not chosen.is_absolute():
+            return None, f"{EP_ENV}={ep} is not an absolute path, so no RyzenAI provider library was loaded (a relative path would load from the current folder)"
+        looked = [chosen / LIBRARY] if chosen.is_dir() else [chosen]
+        source = f"{EP_ENV}={ep}"
+    elif install:
+        looked = [Path(install) / sub / LIBRARY for sub in INSTALL_DIRS]
+        source = f"{INSTALL_ENV}={install}"
+    else:
+        return None, f"no RyzenAI provider library found: {EP_ENV} is not set and {INSTALL_ENV} is not set (the current folder is never searched)"
+    found = next((p for p in looked if p.is_file()), None)
+    if found is None:
+        return None, f"no RyzenAI provider library found: {source} holds none (looked for {', '.join(map(str, looked))})"
+    real = found.resolve()
+    for folder in untrusted:
+        if folder and _inside(real, Path(folder).resolve()):
+            return None, f"the RyzenAI provider library {real} ({source}) is inside {Path(folder).resolve()}, which raipack reads as input; a library from a model or package is never loaded"
     try:
-        import onnxruntime_genai as og
-    except ImportError as exc:
-        return NpuAttempt(False, f"onnxruntime-genai is not installed ({first_line(exc)})")
-    ep = os.environ.get("RYZENAI_EP_PATH")
+        cwd = Path.cwd().resolve()
+    except OSError:  # the current folder was removed: nothing can be loaded from it
+        cwd = None
+    if real.parent == cwd:
+        return None, f"the RyzenAI provider library {real} ({source}) is in the current folder; raipack loads no library from there (run from another folder, or keep the Ryzen AI install outside it)"
+    return real, ""
+
+
+def package_problem(pkg: Path) -> str:
+    """Why the package cannot be handed to onnxruntime-genai without loading something it names ("" if it can)."""
+    from pipeline.genai import provider_names
+    from pipeline.package import JsonError, Package
+
+    files = Package.scan(pkg)
+    bad = [f for f in files.scan_findings if f.severity == "error"]
+    if bad:
+        return f"{pkg / bad[0].path} {bad[0].message}"
+    try:
+        genai = files.json("genai_config.json")
+    except JsonError as exc:
+        return f"{pkg / 'genai_config.json'} {exc}"
+    session = genai
+    for key in ("model", "decoder", "session_options"):
+        session = session.get(key) if isinstance(session, dict) else None
+    if isinstance(session, dict) and "custom_ops_library" in session:
+        return f"{pkg / 'genai_config.json'} names a custom operator library (model.decoder.session_options.custom_ops_library); raipack loads no library a package names"
+    others = [name for name in provider_names(genai) if name != "RyzenAI"]
+    if others:
+        return f"{pkg / 'genai_config.json'} asks for execution provider {others[0]!r} besides RyzenAI; the NPU attempt runs the RyzenAI provider only"
+    return ""
+
+
+def try_npu(pkg_dir, prompts: list[list[int]], max_new_tokens: int, untrusted=()) -> NpuAttempt:
+    """Generate `max_new_tokens` greedy tokens after each prompt on the NPU, or say exactly why not.
+
+    `untrusted`: folders besides the package a provider library must not come from."""
+    start = time.perf_counter()
+    pkg = Path(pkg_dir).resolve()
+    library, why = find_provider_library([pkg, *untrusted])
+    if library is None:
+        return NpuAttempt(False, why)
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        return NpuAttempt(False, "onnxruntime-genai is not installed")
+    problem = package_problem(pkg)
+    if problem:
+        return NpuAttempt(False, problem)
+    root = str(Path(__file__).resolve().parents[2])  # where this raipack's `stages` package lives
+    env = {**os.environ, EP_ENV: str(library), "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "stages.smoke.npu", str(pkg), str(int(max_new_tokens))]
+    with tempfile.TemporaryDirectory(prefix="raipack-npu-") as empty:
+        try:
+            proc = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, errors="replace",
+                                  cwd=empty, env=env, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return NpuAttempt(False, f"the NPU attempt did not finish within {TIMEOUT_S} s ({EP_ENV}={library})", seconds=time.perf_counter() - start)
+    results = [line[len(RESULT):] for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if not results:
+        last = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        return NpuAttempt(False, f"the NPU attempt ended without a result ({how}): {last} ({EP_ENV}={library})", seconds=time.perf_counter() - start)
+    attempt = NpuAttempt(**json.loads(results[-1]))
+    if not attempt.ok:
+        attempt.reason += f" ({EP_ENV}={library})"
+    attempt.seconds = time.perf_counter() - start
+    return attempt
+
+
+def generate(og, pkg_dir, prompts: list[list[int]], max_new_tokens: int) -> NpuAttempt:
+    """The attempt itself, with onnxruntime-genai module `og` (run in the child process)."""
     try:
         model = og.Model(str(pkg_dir))  # uses the package's provider_options: [{"RyzenAI": {...}}]
     except Exception as exc:  # OGA raises RuntimeError/OSError with the provider's own text
-        where = f" (RYZENAI_EP_PATH={ep})" if ep else " (RYZENAI_EP_PATH is not set)"
-        return NpuAttempt(False, first_line(exc) + where, seconds=time.perf_counter() - start)
+        return NpuAttempt(False, first_line(exc))
     out = []
     try:
         for ids in prompts:
@@ -50,5 +162,19 @@ def try_npu(pkg_dir, prompts: list[list[int]], max_new_tokens: int) -> NpuAttemp
                 new.append(int(gen.get_next_tokens()[0]))
             out.append(new)
     except Exception as exc:
-        return NpuAttempt(False, f"the model loaded but generation failed: {first_line(exc)}", seconds=time.perf_counter() - start)
-    return NpuAttempt(True, "onnxruntime-genai with the RyzenAI provider", out, time.perf_counter() - start)
+        return NpuAttempt(False, f"the model loaded but generation failed: {first_line(exc)}")
+    return NpuAttempt(True, "onnxruntime-genai with the RyzenAI provider", out)
+
+
+def _child(argv: list[str]) -> None:
+    try:
+        import onnxruntime_genai as og
+    except ImportError as exc:
+        attempt = NpuAttempt(False, f"onnxruntime-genai cannot be imported ({first_line(exc)})")
+    else:
+        attempt = generate(og, argv[0], json.loads(sys.stdin.read()), int(argv[1]))
+    print(RESULT + json.dumps(asdict(attempt)), flush=True)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.errors import RaipackError
 from pipeline.stage import Job, Stage
@@ -40,7 +41,8 @@ def run(job: Job) -> dict:
     pkg, export = job.inputs["fuse"], job.inputs["export"]
     tok = load_tokenizer(pkg)
     fixed = chat_ids(tok, PROMPT)
-    attempt = try_npu(pkg, [fixed], cfg.max_new_tokens)
+    inputs = [export] + ([Path(job.recipe.model)] if getattr(job.recipe, "model", None) else [])
+    attempt = try_npu(pkg, [fixed], cfg.max_new_tokens, untrusted=inputs)  # no provider library from these
     report = {"npu": {"ok": attempt.ok, "reason": attempt.reason}}
     if attempt.ok:
         report.update(device="npu", answer=tok.decode(attempt.tokens[0], skip_special_tokens=True))

@@ -4,29 +4,118 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
+from helpers import edit_json
 
 from pipeline.errors import RaipackError
 from pipeline.validate import validate
 from stages.fuse import sdk
 from stages.fuse.stage import choose_backend
-from stages.smoke.npu import try_npu
+from stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY, find_provider_library, generate, try_npu
 from stages.smoke.stage import _problems
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_real_onnxruntime_genai_error_is_reported_in_one_line(make_pkg, monkeypatch):
-    """On this machine there is no RyzenAI provider library: OGA's own error comes back, no fallback claim."""
-    monkeypatch.delenv("RYZENAI_EP_PATH", raising=False)
-    attempt = try_npu(make_pkg("1.8.0-npu-16K"), [[1, 2, 3]], 4)
-    assert attempt.ok is False
-    assert "\n" not in attempt.reason and len(attempt.reason) <= 400
-    assert "RYZENAI_EP_PATH is not set" in attempt.reason
-    assert attempt.tokens == []
+LIBRARY_SOURCE = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void loaded(void) {
+    char cwd[4096] = "";
+    FILE *f = fopen(MARKER, "w");
+    if (f) { fputs(getcwd(cwd, sizeof cwd) ? cwd : "?", f); fclose(f); }
+}
+"""
+
+
+def provider_library(folder, marker):
+    """A shared library named like the RyzenAI provider whose constructor writes its working folder to `marker`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder.parent / f"{folder.name}-lib.c"
+    src.write_text(LIBRARY_SOURCE)
+    lib = folder / LIBRARY
+    subprocess.run(["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+@pytest.fixture
+def no_provider_env(monkeypatch):
+    monkeypatch.delenv(EP_ENV, raising=False)
+    monkeypatch.delenv(INSTALL_ENV, raising=False)
+
+
+def test_library_in_the_current_folder_is_never_loaded(make_pkg, tmp_path):
+    """The attack: `cd MODEL && raipack build .` with MODEL holding libonnxruntime_providers_ryzenai.so.
+    onnxruntime-genai falls back to the current folder when RYZENAI_EP_PATH is unset; raipack never lets it."""
+    pkg = make_pkg("1.8.0-npu-16K")
+    model, marker = tmp_path / "model", tmp_path / "loaded"
+    provider_library(model, marker)
+    env = {k: v for k, v in os.environ.items() if k not in (EP_ENV, INSTALL_ENV)}
+    code = f"from stages.smoke.npu import try_npu; print(try_npu({str(pkg)!r}, [[1, 2, 3]], 4).reason)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=model, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), f"the library in the current folder was loaded (its constructor ran in {marker.read_text()})"
+    reason = proc.stdout.strip()
+    assert reason.startswith("no RyzenAI provider library found") and f"{EP_ENV} is not set" in reason, reason
+
+
+def test_a_library_the_user_chose_is_tried_from_an_empty_folder(make_pkg, tmp_path, monkeypatch, no_provider_env):
+    """With RYZENAI_EP_PATH naming a folder outside the inputs, onnxruntime-genai really loads that library
+    (its constructor runs, then the provider registration fails in OGA's own words), in a child process
+    whose working folder is a fresh empty one, removed afterwards."""
+    pkg = make_pkg("1.8.0-npu-16K")
+    marker = tmp_path / "loaded"
+    lib = provider_library(tmp_path / "sdk" / "lib", marker)
+    monkeypatch.setenv(EP_ENV, str(lib.parent))
+    attempt = try_npu(pkg, [[1, 2, 3]], 4)
+    assert attempt.ok is False and attempt.tokens == []
+    assert "Failed to register RyzenAI execution provider library" in attempt.reason and str(lib) in attempt.reason
+    assert "\n" not in attempt.reason and len(attempt.reason) <= 800
+    cwd = Path(marker.read_text())
+    assert cwd.name.startswith("raipack-npu-") and cwd != Path.cwd() and not cwd.exists()
+
+
+def test_the_installed_sdk_is_found(tmp_path, no_provider_env, monkeypatch):
+    lib = tmp_path / "RyzenAI" / "1.8.0" / "lib" / LIBRARY
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    monkeypatch.setenv(INSTALL_ENV, str(tmp_path / "RyzenAI" / "1.8.0"))
+    assert find_provider_library() == (lib.resolve(), "")
+    lib.unlink()
+    found, why = find_provider_library()
+    assert found is None and why.startswith("no RyzenAI provider library found") and str(lib) in why
+
+
+@pytest.mark.parametrize("where", ["package", "model", "cwd", "relative"])
+def test_a_library_from_the_inputs_or_the_current_folder_is_refused(make_pkg, tmp_path, monkeypatch, no_provider_env, where):
+    pkg = make_pkg("1.8.0-npu-16K")
+    model, here, marker = tmp_path / "model", tmp_path / "here", tmp_path / "loaded"
+    folder = {"package": pkg / "lib", "model": model, "cwd": here, "relative": here}[where]
+    provider_library(folder, marker)
+    here.mkdir(exist_ok=True)
+    monkeypatch.chdir(here)
+    monkeypatch.setenv(EP_ENV, "." if where == "relative" else str(folder))
+    attempt = try_npu(pkg, [[1, 2, 3]], 4, untrusted=[model])
+    assert not marker.exists()
+    expected = {"package": "which raipack reads as input", "model": "which raipack reads as input", "cwd": "in the current folder", "relative": "not an absolute path"}[where]
+    assert attempt.ok is False and EP_ENV in attempt.reason and expected in attempt.reason, attempt.reason
+
+
+def test_a_library_the_package_names_is_refused(make_pkg, tmp_path, monkeypatch, no_provider_env):
+    """genai_config.json's custom_ops_library would make onnxruntime-genai dlopen a file of the package."""
+    pkg = make_pkg("1.8.0-npu-16K")
+    package_marker, user_marker = tmp_path / "package-lib-loaded", tmp_path / "user-lib-loaded"
+    provider_library(pkg / "ops", package_marker).rename(pkg / "ops" / "custom_ops.so")
+    monkeypatch.setenv(EP_ENV, str(provider_library(tmp_path / "sdk", user_marker)))
+    edit_json(pkg / "genai_config.json", lambda d: d["model"]["decoder"]["session_options"].update(custom_ops_library="ops/custom_ops.so"))
+    attempt = try_npu(pkg, [[1, 2, 3]], 4)
+    assert not package_marker.exists() and not user_marker.exists()
+    assert attempt.ok is False and "custom_ops_library" in attempt.reason, attempt.reason
 
 
 def fake_og(tokens):
@@ -65,9 +154,8 @@ def fake_og(tokens):
     return mod
 
 
-def test_npu_path_wiring_with_a_fake_runtime(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "onnxruntime_genai", fake_og([5, 6, 7]))
-    attempt = try_npu(tmp_path, [[1, 2], [3]], 2)
+def test_npu_path_wiring_with_a_fake_runtime(tmp_path):
+    attempt = generate(fake_og([5, 6, 7]), tmp_path, [[1, 2], [3]], 2)
     assert attempt.ok and attempt.tokens == [[5, 6], [5, 6]]
     assert "RyzenAI" in attempt.reason
 

@@ -167,7 +167,21 @@ def build(model_dir, recipe, profile, name, output, until, from_, force, algorit
 @click.option("--threads", type=click.IntRange(1, 256), help="CPU threads (default: onnxruntime's choice).")
 @click.option("--sdk-version", help="Ryzen AI version whose max_prompt_length applies (default: the package's release).")
 def run_cmd(package, prompt, max_new_tokens, raw, threads, sdk_version):
-    """Answer a prompt with a raipack package on the CPU reference runtime."""
+    """Answer a prompt with a raipack package on the CPU reference runtime.
+
+    Before loading, every weights file is checked against the sizes and hashes
+    manifest.json records; no file outside the package, and no FIFO or device,
+    is opened.
+
+    \b
+    Exit codes:
+      0  answered
+      1  the package cannot be run: a file is missing, corrupt, changed since
+         the build or outside the package, or the prompt is longer than the
+         package takes
+      2  usage error: PACKAGE is not a folder, the prompt is not UTF-8 text,
+         a bad option
+    """
     from .run_cli import run_prompt
 
     sys.exit(run_prompt(package, prompt, max_new_tokens, raw, threads, sdk_version))

@@ -134,6 +134,7 @@ def profiles(profile_id):
 @click.option("--until", help="Stop after this stage (source, quantize, export, fuse, smoke).")
 @click.option("--from", "from_", help="Rebuild from this stage on; earlier stages come from the cache.")
 @click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the cache.")
+@click.option("--verify-cache", is_flag=True, help="Hash every cached output against its manifest before using it (else only when its files' stat changed).")
 @click.option("--algorithm", type=click.Choice(["awq", "gptq", "rtn"]), help="Quantization algorithm (default awq).")
 @click.option("--group-size", help="Quantization group size: 128, 64, 32 or auto.")
 @click.option("--num-samples", type=int, help="Calibration samples.")
@@ -144,7 +145,7 @@ def profiles(profile_id):
 @click.option("--trust-remote-code", is_flag=True, default=None, help="Allow a model that needs its own Python code.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
 @click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
-def build(model_dir, recipe, profile, name, output, until, from_, force, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log):
+def build(model_dir, recipe, profile, name, output, until, from_, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log):
     """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
     from .build_cli import run_build
 
@@ -156,7 +157,7 @@ def build(model_dir, recipe, profile, name, output, until, from_, force, algorit
                  "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
                  "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
     mode = "json" if json_log else "quiet" if quiet else "auto"
-    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode))
+    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache))
 
 
 @cli.command("run")
@@ -241,10 +242,19 @@ def cache_ls():
 
 @cache.command("clear")
 @click.argument("stage", required=False)
-def cache_clear(stage):
+@click.option("--stale", is_flag=True, help="Remove only the staging folders of builds that are gone (killed); keep every output and running builds.")
+def cache_clear(stage, stale):
     """Remove cached outputs (of one stage, or all)."""
     from . import cache as c
 
+    if stale:
+        if stage:
+            raise UsageError("cache clear --stale takes no STAGE: it sweeps the whole cache", "run `raipack cache clear --stale`, or `raipack cache clear STAGE` to remove that stage's outputs")
+        from .staging import sweep_cache
+
+        gone = sweep_cache(c.cache_root())
+        click.echo(f"removed {len(gone)} staging folder{'s' if len(gone) != 1 else ''} of killed builds from {c.cache_root()}")
+        return
     n = c.clear(stage)
     click.echo(f"removed {n} cached output{'s' if n != 1 else ''} from {c.cache_root()}")
 

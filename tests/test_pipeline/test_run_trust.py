@@ -204,3 +204,10 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert code == 2 and "is not a package folder" in one_sentence(err)
     code, _, err = run(capsys, tmp_path, prompt="caf\udce9")  # what Python makes of argv bytes that are not UTF-8
     assert code == 2 and "not valid UTF-8" in one_sentence(err)
+
+
+def test_help_documents_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "Exit codes:" in out and "0  answered" in out and "1  the package cannot be run" in out and "2  usage error" in out

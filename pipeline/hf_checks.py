@@ -25,7 +25,7 @@ SAMPLE_CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return short(lines[0], 200).strip("'\"") if lines else type(exc).__name__
+    return lines[0][:200] if lines else type(exc).__name__
 
 
 def check_config_class(cfg_path: Path, cfg: dict) -> None:

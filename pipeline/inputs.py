@@ -52,6 +52,7 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
         raise UsageError(f"{path} has no *.safetensors weights", "pass a folder with the model's safetensors files")
     for weights_file in weights:
         check_safetensors(weights_file)
+    _check_weights_index(path, {w.name for w in weights})
     archs = cfg.get("architectures")
     supported = load_data("architectures.json")["supported"]
     if not isinstance(archs, list) or not archs or archs[0] not in supported:
@@ -115,6 +116,20 @@ def read_json(path: Path, object_only: bool = False, text: str | None = None):
     if object_only and not isinstance(doc, dict):
         raise UsageError(f"{path} is not a JSON object", f"fix or replace {path.name}")
     return doc
+
+
+def _check_weights_index(path: Path, names: set[str]) -> None:
+    """model.safetensors.index.json may name only safetensors files of the folder itself
+    (transformers joins the name to the folder: `../x.safetensors` would load weights from outside)."""
+    index_path = path / "model.safetensors.index.json"
+    if not os.path.lexists(index_path):
+        return
+    weight_map = read_json(index_path, object_only=True).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise UsageError(f"{index_path}: weight_map is {_short(weight_map)}; expected an object of tensor name -> safetensors file", "use the index published with the weights")
+    unknown = sorted(set(weight_map.values()) - names)
+    if unknown:
+        raise UsageError(f"{index_path}: weight_map names {_short(unknown[0])}, which is not a safetensors file of the folder", "use the index published with the weights, and every shard it names")
 
 
 def _depth(doc, limit: int) -> int:

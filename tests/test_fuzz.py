@@ -1,0 +1,524 @@
+"""One fuzz harness for every command that reads untrusted input.
+
+Seeded mutations of packages (AMD layouts from the factory and a real
+raipack-built one), of a model folder and of the command's own arguments are
+fed to `validate`, `inspect`, `tune`, `run` and `build --until quantize`,
+in-process through the CLI's `main`. Each case asserts what raipack promises
+about hostile input:
+
+- no traceback: `main` ends with SystemExit and a documented exit code;
+- nothing written outside what the command owns (the output folder and the
+  cache for `build`, `genai_config.json` and its backup for `tune`, nothing
+  at all for `validate`, `inspect` and `run`);
+- nothing from the input ran: no marker file written by a booby-trapped
+  pickle, Python module, shared library, git hook or chat template;
+- no hang: a case that blocks (a FIFO opened for reading) fails at its alarm.
+
+The seed of a case is its id (`validate-17`), so a failure replays alone with
+`pytest tests/test_fuzz.py -k validate-17`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+from factory import make_package
+
+COUNTS = {"validate": 120, "inspect": 40, "tune": 60, "run": 40, "build": 45}
+EXIT_CODES = {  # the documented exit codes of each command (README, --help)
+    "validate": {0, 1, 2, 3},
+    "inspect": {0, 1, 2, 3},
+    "tune": {0, 1, 2, 3},
+    "run": {0, 1, 2, 3},
+    "build": {0, 1, 2},
+}
+PROFILES = ["1.8.0-npu-16K", "1.8.0-npu-4K", "1.7.1-npu-16K", "1.6-npu", "1.8.0-hybrid", "1.3-hybrid", "1.3-npu"]
+CASE_SECONDS = 60  # a case still running then is a hang
+
+# build cases share one worker (one Quark import), and so do run cases (one onnxruntime and
+# tokenizer import); the others spread over every worker
+CASES = [pytest.param(f"{cmd}-{i}", id=f"{cmd}-{i}", marks=[pytest.mark.xdist_group(f"fuzz-{cmd}")] if cmd in ("build", "run") else [])
+         for cmd, n in COUNTS.items() for i in range(n)]
+
+
+# ---------------------------------------------------------------------------- booby traps
+
+class Unpickled:
+    """Unpickling this writes the marker: a pickle that is loaded fails the case."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+TRAP_SO_SOURCE = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void trap(void) {
+    FILE *f = fopen(MARKER, "w");
+    if (f) { fputs("loaded", f); fclose(f); }
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def trap_library(tmp_path_factory) -> tuple[Path, Path]:
+    """A shared library whose constructor writes a marker, and that marker's path."""
+    d = tmp_path_factory.mktemp("trap-so")
+    marker = d / "shared-library-loaded"
+    src = d / "trap.c"
+    src.write_text(TRAP_SO_SOURCE)
+    lib = d / "libtrap.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(lib), str(src)], check=True)
+    return lib, marker
+
+
+# ---------------------------------------------------------------------------- seeds
+
+@pytest.fixture(scope="session")
+def fused_package(reference_packages) -> Path:
+    """A real package written by the fuse stage on a tiny model (read-only)."""
+    return reference_packages["reference-16K"]
+
+
+@pytest.fixture(scope="session")
+def model_folder(tmp_path_factory) -> Path:
+    """A tiny Hugging Face model folder (read-only: cases copy it)."""
+    from test_stages.conftest import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("fuzz-model") / "model", hidden=128, intermediate=256)
+
+
+# ---------------------------------------------------------------------------- mutations
+
+WEIRD_VALUES = [-1, 0, -4096, 2**63, 2**31 - 1, 0.5, 1e308, "abc", "", "4096", None, [], {}, True, False,
+                "\x1b[31mred\x1b[0m", "../../../etc/passwd", "/dev/zero", "C:\\Windows\\evil.dll",
+                "x" * 100_000, [1] * 5000]
+
+
+def _json_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.json") if p.is_file() and not p.is_symlink())
+
+
+def _any_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _paths_in(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths_in(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc[:50]):
+            yield from _paths_in(v, prefix + (i,))
+
+
+def _set(doc, path, value):
+    if not path:
+        return value
+    node = doc
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return doc
+
+
+def m_json_value(rng, root, ctx):
+    """A JSON value anywhere in a JSON file becomes a weird one."""
+    files = _json_files(root)
+    if not files:
+        return "no json"
+    f = rng.choice(files)
+    try:
+        doc = json.loads(f.read_text())
+    except ValueError:
+        return "json already broken"
+    paths = list(_paths_in(doc))
+    path = rng.choice(paths)
+    value = rng.choice(WEIRD_VALUES)
+    if rng.random() < 0.3:  # a nested value 900 deep
+        value = json.loads("[" * 900 + "]" * 900)
+    f.write_text(json.dumps(_set(doc, path, value)))
+    return f"{f.name}{list(path)} = {str(value)[:40]!r}"
+
+
+def m_json_delete(rng, root, ctx):
+    """A key of a JSON object is removed."""
+    files = _json_files(root)
+    if not files:
+        return "no json"
+    f = rng.choice(files)
+    try:
+        doc = json.loads(f.read_text())
+    except ValueError:
+        return "json already broken"
+    objects = [p for p in _paths_in(doc) if isinstance(_get(doc, p), dict) and _get(doc, p)]
+    if not objects:
+        return "no object"
+    p = rng.choice(objects)
+    key = rng.choice(list(_get(doc, p)))
+    del _get(doc, p)[key]
+    f.write_text(json.dumps(doc))
+    return f"{f.name}{list(p)} without {key!r}"
+
+
+def _get(doc, path):
+    for p in path:
+        doc = doc[p]
+    return doc
+
+
+def m_json_text(rng, root, ctx):
+    """JSON text that parsers disagree on or that breaks them."""
+    files = _json_files(root)
+    if not files:
+        return "no json"
+    f = rng.choice(files)
+    text = f.read_text(errors="replace")
+    kind = rng.choice(["truncate", "dup-key", "inf", "nan", "deep", "bytes", "bom", "empty", "not-object"])
+    if kind == "truncate":
+        text = text[: rng.randrange(len(text) + 1)]
+    elif kind == "dup-key" and text.lstrip().startswith("{"):
+        i = text.index("{") + 1
+        text = text[:i] + '"hybrid_opt_token_backend": "cpu", "max_length": 1, ' + text[i:].replace('"max_length"', '"max_length": 2, "max_length"', 1)
+    elif kind == "inf":
+        text = text.replace("4096", "1e999", 1).replace(": 2,", ": Infinity,", 1)
+    elif kind == "nan":
+        text = text.replace(": 1,", ": NaN,", 1).replace("1e-05", "NaN")
+    elif kind == "deep":
+        text = "[" * 100_000 + "]" * 100_000
+    elif kind == "bytes":
+        f.write_bytes(text.encode()[:50] + b"\xff\xfe\x80" + text.encode()[50:])
+        return f"{f.name}: invalid UTF-8"
+    elif kind == "bom":
+        text = "\ufeff" + text
+    elif kind == "empty":
+        text = ""
+    elif kind == "not-object":
+        text = json.dumps(rng.choice([[1, 2], "text", 42, None]))
+    f.write_text(text)
+    return f"{f.name}: {kind}"
+
+
+def m_file_bytes(rng, root, ctx):
+    """A file is truncated, grown, or has bytes flipped in place (same size)."""
+    files = _any_files(root)
+    if not files:
+        return "no files"
+    f = rng.choice(files)
+    size = f.stat().st_size
+    kind = rng.choice(["truncate", "flip", "flip", "zero", "grow"])
+    if kind == "truncate":
+        os.truncate(f, rng.randrange(size + 1) if size else 0)
+    elif kind == "grow":
+        with open(f, "ab") as fh:
+            fh.write(os.urandom(rng.randrange(1, 4096)))
+    elif size:
+        data = bytearray(f.read_bytes())
+        for _ in range(rng.randrange(1, 8)):
+            i = rng.randrange(len(data))
+            data[i] = 0 if kind == "zero" else data[i] ^ (1 << rng.randrange(8))
+        f.write_bytes(bytes(data))
+    return f"{f.relative_to(root)}: {kind}"
+
+
+def m_delete(rng, root, ctx):
+    files = _any_files(root)
+    if not files:
+        return "no files"
+    f = rng.choice(files)
+    f.unlink()
+    return f"{f.relative_to(root)} deleted"
+
+
+def m_lfs_pointer(rng, root, ctx):
+    files = _any_files(root)
+    if not files:
+        return "no files"
+    f = rng.choice(files)
+    f.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize {rng.randrange(1, 1 << 40)}\n")
+    return f"{f.relative_to(root)} -> LFS pointer"
+
+
+def m_special(rng, root, ctx):
+    """A file becomes a symlink out of the package, to a device, a loop, a FIFO or a folder."""
+    files = _any_files(root)
+    if not files:
+        return "no files"
+    f = rng.choice(files)
+    f.unlink()
+    kind = rng.choice(["outside", "etc", "zero", "loop", "fifo", "dir", "dangling"])
+    if kind == "outside":
+        f.symlink_to(ctx["outside"] / "secret.json")
+    elif kind == "etc":
+        f.symlink_to("/etc/passwd")
+    elif kind == "zero":
+        f.symlink_to("/dev/zero")
+    elif kind == "loop":
+        f.symlink_to(f.name)
+    elif kind == "fifo":
+        os.mkfifo(f)
+    elif kind == "dir":
+        f.mkdir()
+        (f / "inner.json").write_text("{}")
+    else:
+        f.symlink_to("does-not-exist")
+    return f"{f.relative_to(root)} -> {kind}"
+
+
+def m_names(rng, root, ctx):
+    """File names a terminal or an XML report chokes on."""
+    kind = rng.choice(["non-utf8", "ansi", "newline", "long"])
+    name = {"non-utf8": os.fsdecode(b"bad\xff\xfe.json"), "ansi": "\x1b[2J\x1b[31mevil.json",
+            "newline": "two\nlines.json", "long": "n" * 250 + ".json"}[kind]
+    (root / name).write_text("{}")
+    return f"file named {kind}"
+
+
+def m_pickle(rng, root, ctx):
+    """A pickle that writes the marker when loaded, under a weights-like name."""
+    name = rng.choice(["pytorch_model.bin", "model.bin", "training_args.bin", "model.safetensors", "model.pkl", "optimizer.pt"])
+    (root / name).write_bytes(pickle.dumps(Unpickled(str(ctx["markers"] / "unpickled"))))
+    return f"pickle as {name}"
+
+
+def m_remote_code(rng, root, ctx):
+    """A modeling file that writes the marker on import, wired in through auto_map."""
+    (root / "modeling_evil.py").write_text(f"open({str(ctx['markers'] / 'imported')!r}, 'w').write('pwned')\n")
+    (root / "tokenization_evil.py").write_text(f"open({str(ctx['markers'] / 'imported')!r}, 'w').write('pwned')\n")
+    target = rng.choice(["config.json", "tokenizer_config.json"])
+    path = root / target
+    try:
+        doc = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    doc["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.Evil", "AutoTokenizer": ["tokenization_evil.Evil", None]}
+    path.write_text(json.dumps(doc))
+    return f"auto_map in {target}"
+
+
+def m_shared_library(rng, root, ctx):
+    """The trap library beside the package under the RyzenAI provider's name, or named as a custom-op library."""
+    lib = ctx["trap_lib"]
+    name = rng.choice(["libonnxruntime_providers_ryzenai.so", "onnx_custom_ops.so", "libcustom_ops.so"])
+    shutil.copy(lib, root / name)
+    ctx["cwd"] = root  # built or run from inside the folder, as a user would
+    gc = root / "genai_config.json"
+    if gc.is_file():
+        try:
+            doc = json.loads(gc.read_text())
+            so = doc["model"]["decoder"].setdefault("session_options", {})
+            so["custom_ops_library"] = name
+            gc.write_text(json.dumps(doc))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return f"shared library {name}"
+
+
+def m_chat_template(rng, root, ctx):
+    """A chat template that tries to leave Jinja's sandbox."""
+    marker = ctx["markers"] / "template"
+    payload = rng.choice([
+        "{{ cycler.__init__.__globals__.os.popen('touch " + str(marker) + "').read() }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{% for x in range(10**9) %}{% endfor %}",
+        "{{ messages[0]['content'] | attr('__class__') }}",
+    ])
+    path = root / "tokenizer_config.json"
+    try:
+        doc = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    doc["chat_template"] = payload
+    path.write_text(json.dumps(doc))
+    (root / "chat_template.jinja").write_text(payload)
+    return "chat template escape"
+
+
+def m_git(rng, root, ctx):
+    """The package is a git clone whose config runs a command (fsmonitor, hooks)."""
+    marker = ctx["markers"] / "git"
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True, env=env)
+    subprocess.run(git + ["add", "-A"], check=True, env=env)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True, env=env)
+    subprocess.run(git + ["config", "core.fsmonitor", f"touch {marker}; echo"], check=True, env=env)
+    hooks = root / ".git" / "hooks"
+    for hook in ("post-checkout", "post-index-change", "pre-command"):
+        (hooks / hook).write_text(f"#!/bin/sh\ntouch {marker}\n")
+        (hooks / hook).chmod(0o755)
+    ctx["argv_extra"] = ["--verify-hashes"]
+    return "git clone with fsmonitor and hooks"
+
+
+PACKAGE_MUTATIONS = [m_json_value, m_json_value, m_json_delete, m_json_text, m_file_bytes, m_delete, m_lfs_pointer,
+                     m_special, m_names, m_pickle, m_remote_code, m_shared_library, m_chat_template, m_git]
+MODEL_MUTATIONS = [m_json_value, m_json_value, m_json_value, m_json_delete, m_json_text, m_json_text, m_file_bytes,
+                   m_delete, m_lfs_pointer, m_special, m_pickle, m_remote_code, m_shared_library, m_chat_template]
+
+
+# ---------------------------------------------------------------------------- running a case
+
+def _snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under root: type, size and mtime (symlinks not followed), hash of small files."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if stat.S_ISDIR(st.st_mode):  # a folder changes when something inside it does
+                out[os.path.relpath(p, root)] = (stat.S_IFDIR,)
+                continue
+            digest = ""
+            if stat.S_ISREG(st.st_mode) and st.st_size < (1 << 20):
+                with open(p, "rb") as fh:
+                    digest = hashlib.sha1(fh.read()).hexdigest()
+            out[os.path.relpath(p, root)] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang(f"still running after {CASE_SECONDS} s")
+
+
+def invoke(argv: list[str], cwd: Path, env: dict[str, str]):
+    """Run the CLI in this process; return (exit code, output, escaped exception text)."""
+    from pipeline.cli import main
+
+    old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in env}
+    out, err = io.StringIO(), io.StringIO()
+    escaped = ""
+    code = None
+    os.chdir(cwd)
+    os.environ.update(env)
+    old_handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(CASE_SECONDS)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # a traceback the user would have seen (or a hang)
+        escaped = traceback.format_exc()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_handler)
+        os.chdir(old_cwd)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return code, out.getvalue() + err.getvalue(), escaped
+
+
+def _allowed(cmd: str, rel: str, target_rel: str) -> bool:
+    """May the command have created or changed this path (relative to the case root)?"""
+    if rel.startswith("cache/xdg/Microsoft"):  # onnxruntime's own device id in the user's cache folder
+        return True
+    if cmd == "build":
+        return rel.startswith(("out", "cache"))
+    if cmd == "tune":
+        name = rel.rsplit("/", 1)[-1]
+        return rel.startswith(target_rel + "/") and (name == "genai_config.json" or name.startswith(("genai_config.json.", ".genai_config.json.")) or rel.endswith(".json"))
+    return False
+
+
+def _argv(cmd: str, rng: random.Random, target: Path, case_root: Path, ctx: dict) -> list[str]:
+    if cmd == "validate":
+        argv = ["validate", str(target)] + rng.choice([[], ["--format", "json"], ["--format", "junit", "-o", str(case_root / "cwd" / "r.xml")],
+                                                      ["--format", "sarif"], ["--strict"], ["--verify-hashes"], ["--profile", rng.choice(PROFILES)]])
+        ctx.setdefault("allowed_extra", set()).add("cwd/r.xml")
+        return argv + ctx.get("argv_extra", [])
+    if cmd == "inspect":
+        return ["inspect", str(target)] + rng.choice([[], ["--json"]])
+    if cmd == "tune":
+        opt = rng.choice(["--max-length", "--chunk-size", "--max-prompt"])
+        value = rng.choice(["4096", "2048", "16384", "1024", "3000", "0", "-5", "abc", "99999999", "4097"])
+        return ["tune", str(target), opt, value] + rng.choice([[], ["--dry-run"], ["--sdk-version", rng.choice(["1.8.0", "1.6.0", "9.9"])]])
+    if cmd == "run":
+        prompt = rng.choice(["What is the capital of France?", "", "\udcff\udcfe invalid bytes", "\x1b[2J" * 10, "word " * 5000, "Paris"])
+        return ["run", str(target), "--prompt", prompt, "-n", str(rng.choice([1, 4, 8]))] + rng.choice([[], ["--raw"], ["--sdk-version", "1.3.0"]])
+    return ["build", str(target), "--until", "quantize", "--output", str(case_root / "out"), "--algorithm", "rtn", "--group-size", "64",
+            "--quiet"] + rng.choice([[], ["--profile", "1.8.0-npu-4K"], ["--trust-remote-code"]][:2])
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("case", CASES)
+def test_fuzz(case, tmp_path, trap_library, request):
+    cmd = case.rsplit("-", 1)[0]
+    rng = random.Random(case)
+    lib, so_marker = trap_library
+    root = tmp_path / "case"
+    markers, outside, cwd = root / "markers", root / "outside", root / "cwd"
+    for d in (markers, outside, cwd):
+        d.mkdir(parents=True)
+    (outside / "secret.json").write_text('{"secret": true}')
+    ctx = {"markers": markers, "outside": outside, "trap_lib": lib, "cwd": cwd}
+
+    if cmd == "build":
+        target = root / "model"
+        shutil.copytree(request.getfixturevalue("model_folder"), target)
+        mutations = MODEL_MUTATIONS
+    elif cmd == "run" or (cmd in ("validate", "inspect", "tune") and rng.random() < 0.25):
+        target = root / "pkg" / "Tiny_rai_1.8.0_npu_16K"
+        shutil.copytree(request.getfixturevalue("fused_package"), target, symlinks=True)
+        mutations = PACKAGE_MUTATIONS
+    else:
+        target = make_package(root / "pkg", rng.choice(PROFILES))
+        mutations = PACKAGE_MUTATIONS
+    for d in target.rglob("*"):  # the copies keep the fixture's read-only modes
+        if d.is_dir() and not d.is_symlink():
+            d.chmod(0o755)
+        elif d.is_file() and not d.is_symlink():
+            d.chmod(0o644)
+    applied = [m(rng, target, ctx).replace("\n", " ") for m in rng.sample(mutations, rng.choice([1, 1, 2, 3]))]
+    argv = _argv(cmd, rng, target, root, ctx)
+    before = _snapshot(root)
+    env = {"RAIPACK_CACHE": str(root / "cache"), "XDG_CACHE_HOME": str(root / "cache" / "xdg"), "NO_COLOR": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("RYZENAI_EP_PATH", None)
+    code, output, escaped = invoke(argv, ctx["cwd"], env)
+    what = f"{case}: raipack {' '.join(a[:60] for a in argv[:1])} after {applied}"
+
+    assert not escaped, f"{what}\n{escaped}\n{output[-2000:]}"
+    assert code in EXIT_CODES[cmd], f"{what}: exit {code}, documented {sorted(EXIT_CODES[cmd])}\n{output[-2000:]}"
+    assert "Traceback (most recent call last)" not in output, f"{what}\n{output[-3000:]}"
+    assert not any(markers.iterdir()), f"{what}: input code ran: {sorted(p.name for p in markers.iterdir())}"
+    assert not so_marker.exists(), f"{what}: a shared library from the input was loaded"
+    if code != 0:
+        assert output.strip(), f"{what}: exit {code} without a word"
+    after = _snapshot(root)
+    target_rel = target.relative_to(root).as_posix()
+    changed = sorted(rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)
+                     and not _allowed(cmd, rel, target_rel) and rel not in ctx.get("allowed_extra", ()))
+    assert not changed, f"{what}: wrote outside its output: {changed[:10]}"
+    if cmd == "build" and code != 0:  # a refused build leaves nothing that looks finished
+        finished = [p for p in (root / "out").rglob("manifest.json")] if (root / "out").exists() else []
+        assert not finished, f"{what}: refused but left {finished}"

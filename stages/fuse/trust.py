@@ -18,9 +18,8 @@ import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.package import JSON_MAX_BYTES, JsonError, Package, role_of
+from pipeline.package import GRAPH_MAX_BYTES, JSON_MAX_BYTES, JsonError, Package, ReadError, role_of
 
-GRAPH_MAX_BYTES = 64 * 1024 * 1024  # the graph keeps its weights in external data
 WEIGHT_ROLES = ("npu_weights", "external_data", "npu_header", "graph", "metastate")  # must be listed, with their size
 HASHED_ROLES = ("external_data", "npu_header", "graph", "tokenizer", "chat_template")  # and these their sha256
 # model.bin is hashed tensor by tensor against its header (formats.WeightsFile); the header and each plan carry
@@ -66,10 +65,14 @@ class PackageFiles:
         return self.scan.files[rel].size
 
     def read(self, value, source: str, limit: int, what: str) -> bytes:
+        """The whole file, at most `limit` bytes, opened so that a file swapped for a FIFO since the scan is refused too."""
         rel = self.name(value, source)
         if self.size(rel) > limit:
             raise PackageError(f"{self.root / rel} is {self.size(rel)} bytes, more than the {limit} bytes a {what} may have", "check that the right file was placed here")
-        return (self.root / rel).read_bytes()
+        try:
+            return self.scan.read_bytes(rel, limit, what)
+        except ReadError as exc:
+            raise PackageError(f"{self.root / rel} {exc}", exc.hint) from None
 
     def check_sizes(self, roles: tuple[str, ...], what: str, limit: int = JSON_MAX_BYTES) -> None:
         """Refuses a file of one of `roles` larger than `limit` before a library reads it whole."""

@@ -411,7 +411,7 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]):
     """Run the CLI in this process; return (exit code, output, escaped exception text)."""
     from pipeline.cli import main
 
-    old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in env}
+    old_cwd, old_env = os.getcwd(), dict(os.environ)  # stages tune the process environment (allocator, threads)
     out, err = io.StringIO(), io.StringIO()
     escaped = ""
     code = None
@@ -430,17 +430,14 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_handler)
         os.chdir(old_cwd)
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.clear()
+        os.environ.update(old_env)
     return code, out.getvalue() + err.getvalue(), escaped
 
 
 def _allowed(cmd: str, rel: str, target_rel: str) -> bool:
     """May the command have created or changed this path (relative to the case root)?"""
-    if rel.startswith("cache/xdg/Microsoft"):  # onnxruntime's own device id in the user's cache folder
+    if rel in ("cache", "cache/xdg") or rel.startswith("cache/xdg/Microsoft"):  # onnxruntime's device id in the user's cache
         return True
     if cmd == "build":
         return rel.startswith(("out", "cache"))

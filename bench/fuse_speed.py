@@ -163,7 +163,7 @@ def _decoders(export: Path, pkg: Path, prompt: list[int]):
     import numpy as np
     import onnxruntime_genai as og
 
-    from stages.fuse.runtime import ReferenceRuntime
+    from pipeline.runtime.reference import ReferenceRuntime
 
     cfg = json.loads((export / "genai_config.json").read_text())
     cfg["model"]["decoder"]["session_options"]["intra_op_num_threads"] = THREADS
@@ -195,7 +195,7 @@ def _decoders(export: Path, pkg: Path, prompt: list[int]):
 
 
 def rows(tmp: Path) -> list[dict]:
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import fuse
 
     out = []

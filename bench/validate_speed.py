@@ -41,7 +41,7 @@ def peak_rss_mib(cmd) -> float:
 
 def weights_bytes_read(pkg: Path) -> dict[str, int]:
     """Run validate in-process with open() counting bytes read from weights files."""
-    from pipeline.package import Package
+    from pipeline.core.package import Package
     from pipeline.validate import validate
 
     weights = {str(pkg / f.rel) for f in Package.scan(pkg).files.values() if f.role in ("external_data", "npu_weights", "cache_const", "metastate")}
@@ -79,7 +79,7 @@ def openssl_rate(path: Path) -> float:
 
 
 def ours_rate(paths: list[Path], jobs: int) -> float:
-    from pipeline.hashing import sha256_many
+    from pipeline.core.hashing import sha256_many
 
     t = time.perf_counter()
     sha256_many(paths, jobs)

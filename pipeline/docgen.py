@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .checks import load_all
-from .profile import all_profiles
+from pipeline.checks import load_all
+from pipeline.npu.profile import all_profiles
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

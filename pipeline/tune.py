@@ -19,17 +19,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import profile as profiles
-from .checks import run_checks
-from .checks.advice import prompt_limit, sdk_version
-from .checks.buckets import tiers_present
-from .checks.consistency import lengths
-from .checks.manifest import manifest_files
-from .checks.provider import pow2_ceil, pow2_floor
-from .errors import RaipackError, UsageError
-from .output import atomic_write_bytes
-from .package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json
-from .validate import open_package
+from pipeline.npu import profile as profiles
+from pipeline.checks import run_checks
+from pipeline.checks.advice import prompt_limit, sdk_version
+from pipeline.checks.buckets import tiers_present
+from pipeline.checks.consistency import lengths
+from pipeline.checks.manifest import manifest_files
+from pipeline.checks.provider import pow2_ceil, pow2_floor
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.core.output import atomic_write_bytes
+from pipeline.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json
+from pipeline.validate import open_package
 
 GENAI = "genai_config.json"
 RAI = "rai_config.json"
@@ -301,7 +301,7 @@ def apply(p: Plan) -> Path | None:
 
 def revalidate(p: Plan):
     """Validate the written package against the profile it was tuned under."""
-    from .findings import Result
+    from pipeline.core.findings import Result
 
     ctx, _ = open_package(p.root, p.profile)
     ctx.sdk_version = p.sdk[0]

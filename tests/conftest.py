@@ -29,7 +29,7 @@ def reference_dir(tmp_path_factory):
 def reference_packages(reference_dir):
     """profile id -> the real fused package of every reference profile (read-only), built now: for
     tests that time a build and must not pay for this one inside it."""
-    from pipeline.profile import all_profiles
+    from pipeline.npu.profile import all_profiles
 
     return {pid: reference_package(pid) for pid, p in all_profiles().items() if p["target"] == "reference"}
 

@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.checks.provider import weights_sibling
-from pipeline.profile import get as get_profile
+from pipeline.npu.profile import get as get_profile
 
 QUARK_CONFIG = {
     "algo_config": [{"name": "awq", "model_decoder_layers": "model.layers", "scaling_layers": [
@@ -318,7 +318,7 @@ def write_manifest(pkg: Path, kind: str = "package", complete: bool = True, targ
     files = []
     for path in sorted(p for p in pkg.rglob("*") if p.is_file() and p.name != "manifest.json"):
         rel = path.relative_to(pkg).as_posix()
-        from pipeline.package import role_of
+        from pipeline.core.package import role_of
 
         files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256(path), "role": role_of(rel)})
     write_json(pkg / "manifest.json", {
@@ -422,7 +422,7 @@ def _build_locked(base: str) -> None:
 def build_reference_packages(out: Path, d: Dims = TINY) -> None:
     """out/quark (a Quark export of a random model), out/oga (its OGA export) and out/<profile id>
     for every reference profile, fused by the reference backend; a fuse finding is an error here."""
-    from pipeline.profile import all_profiles
+    from pipeline.npu.profile import all_profiles
     from stages.export.builder import export
     from stages.fuse.reference import fuse
 

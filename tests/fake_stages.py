@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from factory import make_package
-from pipeline import stage as stage_mod
-from pipeline.stage import Stage
+from pipeline.core import stage as stage_mod
+from pipeline.core.stage import Stage
 
 CALLS = Path(os.environ.get("RAIPACK_FAKE_CALLS", "/dev/null"))
 PHASES_ENV = "RAIPACK_FAKE_PHASES"
@@ -108,7 +108,7 @@ def install() -> None:
     """Use the fake stages in this process, and log (and slow down) the runner's
     final assemble and rename phases as described above."""
     stage_mod.get = FAKES.__getitem__
-    from pipeline import runner, swap
+    from pipeline.build import runner, swap
 
     pause = float(os.environ.get(PAUSE_ENV) or 0)
     real_assemble, real_replace, real_copytree = runner._assemble, swap.replace_dir, shutil.copytree

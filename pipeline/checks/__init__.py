@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Iterable
 
-from ..findings import Finding
-from ..genai import ryzenai_options
-from ..package import Package
+from pipeline.core.findings import Finding
+from pipeline.npu.genai import ryzenai_options
+from pipeline.core.package import Package
 
 MODULES = ("files", "jsonfiles", "quant", "provider", "consistency", "buckets", "graph", "manifest", "npu_format", "advice")
 
@@ -100,7 +100,7 @@ class Context:
     @cached_property
     def graph(self):
         """The decoder graph without its weights, or None (RP701 says why)."""
-        from .graph import load_graph
+        from pipeline.checks.graph import load_graph
 
         return load_graph(self)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import re
 
-from . import check
-from .consistency import _int, lengths
-from .provider import known
+from pipeline.checks import check
+from pipeline.checks.consistency import _int, lengths
+from pipeline.checks.provider import known
 
 GENAI = "genai_config.json"
 SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from . import check
-from .files import is_inside
+from pipeline.checks import check
+from pipeline.checks.files import is_inside
 
 PREFIX = "dd_metastate_"
 TIERED = re.compile(r"^dd_metastate_Llm_(?P<phase>Prefill|Token)_(?P<node>.+)_(?P<tier>\d+)$")
@@ -79,7 +79,7 @@ def bucket_tiers(ctx):
     are reported as extras."""
     if not ctx.profile["metastate"].get("tiered"):
         return
-    from .consistency import lengths
+    from pipeline.checks.consistency import lengths
 
     L = lengths(ctx)
     declared = ctx.profile["buckets"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import check
+from pipeline.checks import check
 
 GENAI = "genai_config.json"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .. import protowire, schemas
-from ..package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
-from . import check
-from . import onnx_contract as contract
+from pipeline.core import protowire, schemas
+from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
+from pipeline.checks import check
+from pipeline.npu import contract as contract
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.ryzenai", "com.amd", "ai.raipack"}
 WEIGHTS_HINT = "keep the weights in external data (model.onnx.data, the model builder's default), or check that the right file was placed here"

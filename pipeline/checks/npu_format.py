@@ -18,15 +18,15 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
-from . import check
-from .provider import pow2_floor, weights_sibling
+from pipeline.checks import check
+from pipeline.checks.provider import pow2_floor, weights_sibling
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
 
 
 def _formats():
-    from stages.fuse import formats
+    from pipeline.npu import formats
 
     return formats
 
@@ -39,7 +39,7 @@ def _header_rel(ctx) -> str:
 
 def _raipack_claim(ctx) -> str | None:
     """Why this package must have a raipack header (None when nothing says raipack built it)."""
-    from ..profile import built_by_raipack
+    from pipeline.npu.profile import built_by_raipack
 
     found = built_by_raipack(ctx.pkg)
     if found is not None:
@@ -301,7 +301,7 @@ def _plan_schema_errors(plan_sha: str, plan: dict) -> list:
     of schema validation each, and a process that validates copies of a package sees each plan again."""
     errs = _PLAN_ERRORS.get(plan_sha)
     if errs is None:
-        from .. import schemas
+        from pipeline.core import schemas
 
         errs = schemas.errors("metastate_plan", plan)
         if len(_PLAN_ERRORS) >= 1024:
@@ -323,7 +323,7 @@ def metastate_plans(ctx):
     rel, doc = _header(ctx)
     if doc is None:
         return
-    from .buckets import TIERED, metastate_sets
+    from pipeline.checks.buckets import TIERED, metastate_sets
 
     fmt = _formats()
     header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
@@ -389,7 +389,7 @@ def tier_options(ctx):
     rel, doc = _header(ctx)
     if doc is None:
         return
-    from .consistency import lengths
+    from pipeline.checks.consistency import lengths
 
     L = lengths(ctx)
     t = doc.get("tiers") or {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import check
+from pipeline.checks import check
 
 HINT = "re-quantize with Quark: --quant_scheme uint4_wo_128 --quant_algo awq (pack_method reorder, real_quantized export)"
 

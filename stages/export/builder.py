@@ -23,8 +23,8 @@ from pathlib import Path
 
 from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
 
-from pipeline.errors import RaipackError
-from stages.source import atomic_replace_dir
+from pipeline.core.errors import RaipackError
+from stages.source.gguf import atomic_replace_dir
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`

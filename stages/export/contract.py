@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.checks.onnx_contract import (  # noqa: F401  (re-exported for the stage and its tests)
+from pipeline.npu.contract import (  # noqa: F401  (re-exported for the stage and its tests)
     _f,
     external_data_refs,
     hf_to_node,

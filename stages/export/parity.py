@@ -1,6 +1,6 @@
 """Parity of an exported OGA model with the Quark model it came from.
 
-The ONNX side runs through `stages.ortloop.OrtDecoder` (plain onnxruntime); the reference side reloads
+The ONNX side runs through `pipeline.runtime.ortloop.OrtDecoder` (plain onnxruntime); the reference side reloads
 the Quark export in transformers, which reads Quark checkpoints natively. Both see the same token ids
 (the Quark folder's tokenizer, no chat template).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.ortloop import OrtDecoder, perplexity
+from pipeline.runtime.ortloop import OrtDecoder, perplexity
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

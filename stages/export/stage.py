@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.errors import RaipackError
-from pipeline.stage import Job, Stage
+from pipeline.core.errors import RaipackError
+from pipeline.core.stage import Job, Stage
 
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea."]
 
@@ -23,8 +23,8 @@ class ExportConfig:
 def run(job: Job) -> dict:
     from stages.quantize.calibration import heldout_text
 
-    from .builder import ExportError, export
-    from .parity import parity
+    from stages.export.builder import ExportError, export
+    from stages.export.parity import parity
 
     cfg: ExportConfig = job.config
     quark = job.inputs["quantize"]

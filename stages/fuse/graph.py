@@ -557,7 +557,7 @@ class ShapeError(ValueError):
 
 
 def _dtype_name(code: int) -> str:
-    from .formats import ONNX_DTYPE
+    from pipeline.npu.formats import ONNX_DTYPE
 
     if code not in ONNX_DTYPE:
         raise ShapeError(f"unsupported tensor data type {code}")

@@ -28,13 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import profile as profiles
+from pipeline.npu import profile as profiles
 from pipeline.checks.provider import is_power_of_two, pow2_floor
-from pipeline.errors import RaipackError
-from stages.source import atomic_replace_dir
+from pipeline.core.errors import RaipackError
+from stages.source.gguf import atomic_replace_dir
 
-from . import formats
-from .formats import ALIGNMENT
+from pipeline.npu import formats
+from pipeline.npu.formats import ALIGNMENT
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
 CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -173,7 +173,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         findings.append({"check_id": "fuse-lengths", "severity": "error", "path": "genai_config.json", "pointer": "/model/decoder/session_options",
                          "message": f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be", "hint": "make the profile's largest prefill tier a power of two"})
 
-    from .graph import DOMAIN, Constraints, ShapeError, _attr_value, fuse_graph, static_schedule
+    from stages.fuse.graph import DOMAIN, Constraints, ShapeError, _attr_value, fuse_graph, static_schedule
 
     try:
         fg = fuse_graph(model, genai, Constraints.from_profile(profile))
@@ -421,6 +421,6 @@ def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findi
     if left or findings:
         lines += ["", "## Not on the NPU", ""]
         lines += [f"- {f['severity']}: {f['message']}" for f in findings]
-    lines += ["", "## Run it", "", "```python", "from stages.fuse.runtime import ReferenceRuntime",
+    lines += ["", "## Run it", "", "```python", "from pipeline.runtime.reference import ReferenceRuntime",
               "rt = ReferenceRuntime(\"<this folder>\")", "tokens = rt.generate(prompt_ids, max_new_tokens=64)", "```", ""]
     return "\n".join(lines)

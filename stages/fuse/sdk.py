@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline.errors import RaipackError
+from pipeline.core.errors import RaipackError
 
 DATA = Path(__file__).with_name("data") / "sdk_backend.json"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.errors import RaipackError
-from pipeline.stage import Job, Stage
+from pipeline.core.errors import RaipackError
+from pipeline.core.stage import Job, Stage
 
 
 @dataclass(frozen=True)
@@ -17,13 +17,13 @@ class FuseConfig:
 
 def reference_profile(target: dict) -> str:
     """raipack's own package profile for a release target: the reference profile that extends it."""
-    from pipeline import profile as profiles
+    from pipeline.npu import profile as profiles
 
     return profiles.reference_for(target)["id"]
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
-    from .sdk import find_tool
+    from stages.fuse.sdk import find_tool
 
     if requested != "auto":
         return requested, f"--backend {requested}"
@@ -34,18 +34,18 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def run(job: Job) -> dict:
-    from pipeline import profile as profiles
+    from pipeline.npu import profile as profiles
 
     backend, why = choose_backend(job.config.backend)
     job.progress.line(f"  fuse backend: {backend} ({why})")
     export = job.inputs["export"]
     quark = job.inputs.get("quantize")
     if backend == "ryzenai-sdk":
-        from .sdk import generate
+        from stages.fuse.sdk import generate
 
         report = generate(job.profile, export, job.workdir)
     else:
-        from .reference import FuseError, fuse
+        from stages.fuse.reference import FuseError, fuse
 
         try:
             report = fuse(export, job.workdir, profiles.get(reference_profile(job.profile)), quark_dir=quark, progress=job.progress.callback("fuse"))

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.data import load_data
-from pipeline.errors import RaipackError, UsageError
+from pipeline.core.errors import RaipackError, UsageError
 
-from .quark_awq import _text_config
+from stages.quantize.quark_awq import _text_config
 
 ENV_LIMIT = "RAIPACK_MEMORY_LIMIT"
 GIB = 1 << 30

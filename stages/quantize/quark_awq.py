@@ -548,7 +548,7 @@ def quantize(
     if out_dir.resolve() == src_dir.resolve():
         raise QuantizeError(f"{out_dir}: the output folder must differ from the source folder")
 
-    from stages.source import atomic_replace_dir, make_staging_dir, normalize_permissions
+    from stages.source.gguf import atomic_replace_dir, make_staging_dir, normalize_permissions
 
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.errors import RaipackError, UsageError
-from pipeline.stage import Job, Stage
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.core.stage import Job, Stage
 
-from .quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
+from stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
 
@@ -31,14 +31,14 @@ class QuantizeConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
-    from .calibration import CalibrationError, heldout_text, read_texts
-    from .quark_awq import QuantizeError, quantize
+    from stages.quantize.calibration import CalibrationError, heldout_text, read_texts
+    from stages.quantize.quark_awq import QuantizeError, quantize
 
     cfg: QuantizeConfig = job.config
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
         raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
     src = job.inputs["source"]
-    from .memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
+    from stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
     memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
     try:
         texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
@@ -63,7 +63,7 @@ def run(job: Job) -> dict:
 
 
 def measure(source, quantized, text: str) -> dict:
-    from stages.quality import greedy_answer, load_hf, perplexity
+    from stages.quantize.quality import greedy_answer, load_hf, perplexity
 
     out = {}
     for label, folder in (("source", source), ("quantized", quantized)):

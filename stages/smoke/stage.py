@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import RaipackError
-from pipeline.stage import Job, Stage
+from pipeline.core.errors import RaipackError
+from pipeline.core.stage import Job, Stage
 
 PROMPT = "What is the capital of France?"
 FILLER = "The quick brown fox jumps over the lazy dog while the river runs to the sea. "
@@ -31,11 +31,11 @@ def tier_prompt(tokenizer, length: int) -> list[int]:
 
 
 def run(job: Job) -> dict:
-    from stages.fuse.runtime import ReferenceRuntime, RuntimeRefusal
-    from stages.ortloop import OrtDecoder
+    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
+    from pipeline.runtime.ortloop import OrtDecoder
 
-    from .chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
-    from .npu import try_npu
+    from pipeline.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
+    from stages.smoke.npu import try_npu
 
     cfg: SmokeConfig = job.config
     pkg, export = job.inputs["fuse"], job.inputs["export"]

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 import fake_stages
-from pipeline import cache, manifest, staging
+from pipeline.build import cache, staging
+from pipeline.core import manifest
 from pipeline.cli import main
-from pipeline.progress import Progress
-from pipeline.recipe import load
-from pipeline.runner import build
+from pipeline.build.progress import Progress
+from pipeline.build.recipe import load
+from pipeline.build.runner import build
 
 PKG = "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
 KEY = "0123456789abcdef0123456789abcdef"
@@ -29,7 +30,7 @@ KEY = "0123456789abcdef0123456789abcdef"
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.stage.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("pipeline.core.stage.get", fake_stages.FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -11,7 +11,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from helpers import edit_json, ryzen
-from pipeline import schemas
+from pipeline.core import schemas
 from pipeline.cli import main
 
 P16 = "1.8.0-npu-16K"

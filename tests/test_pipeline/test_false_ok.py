@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 
 from helpers import edit_json, ryzen
 from pipeline.cli import main
-from pipeline.package import GRAPH_MAX_BYTES, GRAPH_MAX_NODES, JsonError, Package
+from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_NODES, JsonError, Package
 
 P16 = "1.8.0-npu-16K"
 ROOT = Path(__file__).resolve().parents[2]

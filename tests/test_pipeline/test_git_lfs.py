@@ -20,7 +20,7 @@ import pytest
 
 from factory import lfs_pointer_text
 from helpers import edit_json
-from pipeline import gitread
+from pipeline.core import gitread
 from pipeline.checks import load_all
 from pipeline.checks.manifest import lfs_oids_from_git
 from pipeline.cli import main

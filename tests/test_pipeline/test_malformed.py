@@ -12,7 +12,7 @@ import pytest
 from factory import lfs_pointer_text
 from helpers import edit_json
 from pipeline.cli import main
-from pipeline.profile import all_profiles
+from pipeline.npu.profile import all_profiles
 
 PROFILES = sorted(p for p, v in all_profiles().items() if v["target"] != "intermediate") + ["oga-export", "quark-export"]
 N = 210

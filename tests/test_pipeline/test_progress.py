@@ -3,7 +3,7 @@
 import io
 import json
 
-from pipeline.progress import Progress
+from pipeline.build.progress import Progress
 
 
 def drive(mode):

@@ -21,7 +21,7 @@ import pytest
 from factory import make_package
 from helpers import edit_json, ryzen
 from pipeline.cli import main
-from pipeline.textsafe import LIMIT, safe, safe_tree
+from pipeline.core.textsafe import LIMIT, safe, safe_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 P16 = "1.8.0-npu-16K"

@@ -23,8 +23,8 @@ PROMPT = "What is the capital of France?"
 @pytest.fixture(scope="session")
 def package(tiny_quark, tmp_path_factory) -> Path:  # noqa: F811
     """A reference-4K package fused from the tiny Quark export, its manifest written by raipack (read-only)."""
-    from pipeline.manifest import write
-    from pipeline.profile import get as get_profile
+    from pipeline.core.manifest import write
+    from pipeline.npu.profile import get as get_profile
     from stages.export.builder import export
     from stages.fuse.reference import fuse
 

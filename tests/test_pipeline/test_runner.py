@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 import fake_stages
-from pipeline import cache, manifest
-from pipeline.errors import RaipackError, UsageError
-from pipeline.recipe import load
-from pipeline.runner import StageFailed, build
+from pipeline.build import cache
+from pipeline.core import manifest
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.build.recipe import load
+from pipeline.build.runner import StageFailed, build
 from pipeline.validate import validate
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RAIPACK_FAKE_CALLS", str(tmp_path / "calls.txt"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.stage.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("pipeline.core.stage.get", fake_stages.FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -106,7 +107,7 @@ def test_read_only_output_location(env, monkeypatch):
     ro.mkdir()
     os.chmod(ro, 0o555)
     # root ignores permission bits, so the check's answer is simulated too
-    monkeypatch.setattr("pipeline.runner.os.access", lambda path, mode: False)
+    monkeypatch.setattr("pipeline.build.runner.os.access", lambda path, mode: False)
     with pytest.raises(UsageError, match="not writable"):
         build(recipe(output=str(ro)))
     assert list(ro.iterdir()) == []
@@ -133,8 +134,8 @@ import json, sys
 sys.path.append(sys.argv[1])
 import fake_stages
 fake_stages.install()
-from pipeline.recipe import load
-from pipeline.runner import build
+from pipeline.build.recipe import load
+from pipeline.build.runner import build
 fake_stages.log_phase("begin")
 result = build(load(None, json.loads(sys.argv[2])))
 fake_stages.log_phase("end")

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from factory import Dims, make_package, write_json
-from pipeline.genai import ryzenai_options
+from pipeline.npu.genai import ryzenai_options
 from pipeline.validate import validate
 from seed_models import FAMILIES, PACKAGES
 

@@ -1,10 +1,11 @@
-"""pipeline.swap: the final name never holds a partial folder, with and without RENAME_EXCHANGE."""
+"""pipeline.build.swap: the final name never holds a partial folder, with and without RENAME_EXCHANGE."""
 
 import os
 
 import pytest
 
-from pipeline import manifest, swap
+from pipeline.core import manifest
+from pipeline.build import swap
 
 
 def finished(folder, text):

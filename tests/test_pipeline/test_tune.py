@@ -13,7 +13,7 @@ import pytest
 
 from helpers import edit_json, ryzen
 from pipeline.cli import main
-from pipeline.errors import RaipackError
+from pipeline.core.errors import RaipackError
 from pipeline.tune import apply, plan
 from pipeline.validate import validate
 

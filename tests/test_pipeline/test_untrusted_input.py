@@ -12,8 +12,8 @@ import pytest
 import numpy as np
 
 from factory import write_safetensors
-from pipeline.errors import UsageError
-from pipeline.inputs import check_model_dir
+from pipeline.core.errors import UsageError
+from pipeline.build.inputs import check_model_dir
 from pipeline.validate import validate
 
 
@@ -351,7 +351,7 @@ def crashing_quantize(monkeypatch, exc: BaseException):
     """The quantize stage, its run replaced by one raising `exc`."""
     import dataclasses
 
-    from pipeline import stage as stages
+    from pipeline.core import stage as stages
 
     real = stages.get
 
@@ -381,8 +381,8 @@ def test_memory_error_in_a_stage_is_a_sentence_about_memory(tmp_path, capsys, mo
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
 def test_interrupt_and_exit_in_a_stage_pass_through(tmp_path, monkeypatch, transformers_loaded, exc):
-    from pipeline.recipe import load
-    from pipeline.runner import build
+    from pipeline.build.recipe import load
+    from pipeline.build.runner import build
 
     crashing_quantize(monkeypatch, exc())
     recipe = load(None, {"model": str(model_folder(tmp_path)), "output": str(tmp_path / "out")})

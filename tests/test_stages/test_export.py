@@ -105,7 +105,7 @@ def test_export_replaces_existing_folder_and_rejects_non_quark(tiny_quark, tmp_p
 
 def test_hybrid_profile_export_runs_with_position_ids(tiny_quark, tmp_path, oga_default):
     from stages.export.builder import PROFILES, export
-    from stages.ortloop import OrtDecoder
+    from pipeline.runtime.ortloop import OrtDecoder
 
     out = tmp_path / "hybrid"
     export(tiny_quark.quark_dir, out, **PROFILES["hybrid"])
@@ -242,7 +242,7 @@ def test_name_mapping_helpers():
 def test_ortdecoder_matches_onnxruntime_genai(oga_default, tiny_quark):
     import onnxruntime_genai as og
 
-    from stages.ortloop import OrtDecoder
+    from pipeline.runtime.ortloop import OrtDecoder
 
     folder, _ = oga_default
     dec = OrtDecoder(folder, threads=2)

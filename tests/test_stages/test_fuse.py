@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest_export import TRAIN_TEXT, oga_default, tiny_quark  # noqa: E402,F401  (fixtures used by name)
 
-from stages.fuse import formats  # noqa: E402
+from pipeline.npu import formats  # noqa: E402
 
 STEPS = 64
 TOL = 1e-3
@@ -50,7 +50,7 @@ def oga16k(tiny_quark, tmp_path_factory) -> Path:
 def packages(oga16k, tmp_path_factory) -> dict:
     """profile id → (package folder, fuse report); manifest written as the runner would."""
     from factory import write_manifest
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import fuse
 
     root = tmp_path_factory.mktemp("fuse-pkg")
@@ -78,7 +78,7 @@ def prompt_ids(oga16k):
 @pytest.fixture(scope="session")
 def reference(oga16k):
     """greedy(prompt) → (tokens, logits rows) of the unfused export, cached per prompt."""
-    from stages.ortloop import OrtDecoder
+    from pipeline.runtime.ortloop import OrtDecoder
 
     dec = OrtDecoder(oga16k, threads=2)
     cache = {}
@@ -94,7 +94,7 @@ def reference(oga16k):
 
 @pytest.fixture(scope="session")
 def runtimes(packages):
-    from stages.fuse.runtime import ReferenceRuntime
+    from pipeline.runtime.reference import ReferenceRuntime
 
     return {pid: ReferenceRuntime(pkg, threads=2) for pid, (pkg, _) in packages.items()}
 
@@ -131,7 +131,7 @@ def _assert_parity(rt, reference, prompt, steps: int = STEPS):
 @pytest.mark.parametrize("pid", ["reference-4K", "reference-16K"])
 def test_package_layout_and_report(packages, pid):
     pkg, report = packages[pid]
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
 
     profile = get_profile(pid)
     assert report["findings"] == [] and report["npu_complete"]
@@ -195,7 +195,7 @@ def test_header_indexes_model_bin(packages):
 
 
 def test_cache_meta_files_pass_schema_and_name_consts(packages):
-    from pipeline import schemas
+    from pipeline.core import schemas
 
     pkg, report = packages["reference-4K"]
     metas = sorted((pkg / "cache").glob("*_meta.json"))
@@ -211,7 +211,7 @@ def test_cache_meta_files_pass_schema_and_name_consts(packages):
 
 
 def test_plans_follow_schema_and_never_overlap(packages):
-    from pipeline import schemas
+    from pipeline.core import schemas
 
     pkg, _ = packages["reference-16K"]
     for plan_path in sorted(pkg.glob("dd_metastate_*.plan")):
@@ -245,7 +245,7 @@ def test_npu_checks_are_noops_on_other_packages(make_pkg):
 
 
 def test_fuse_replaces_output_atomically(packages, oga16k, tmp_path):
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import FuseError, fuse
 
     out = tmp_path / "pkg"
@@ -261,9 +261,9 @@ def test_fuse_replaces_output_atomically(packages, oga16k, tmp_path):
 
 
 def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_ids, reference):
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import fuse
-    from stages.fuse.runtime import ReferenceRuntime
+    from pipeline.runtime.reference import ReferenceRuntime
 
     profile = copy.deepcopy(get_profile("reference-4K"))
     profile["quantization"]["allowed_group_sizes"] = [32, 64]  # the export has block_size 128
@@ -279,7 +279,7 @@ def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_
 
 
 def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path):
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import FuseError, fuse
 
     folder, _ = oga_default
@@ -298,9 +298,9 @@ def test_quantized_lm_head_becomes_a_fused_qmatmul(oga16k, tmp_path, reference, 
     QMatMul; its weights, also read by the CPU-side embedding, stay in model.onnx.data."""
     from stages.export.builder import export
     from stages.fuse.reference import fuse
-    from stages.fuse.runtime import ReferenceRuntime
-    from stages.ortloop import OrtDecoder
-    from pipeline.profile import get as get_profile
+    from pipeline.runtime.reference import ReferenceRuntime
+    from pipeline.runtime.ortloop import OrtDecoder
+    from pipeline.npu.profile import get as get_profile
 
     oga = tmp_path / "oga"
     export(oga16k.parent / "quark", oga, keep_excluded_float=False)
@@ -352,9 +352,9 @@ def test_parity_short_prompt_16k(runtimes, reference, prompt_ids):
 def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
     """A profile whose max_prompt_length exceeds its largest prefill tier: prompts run in chunks of
     chunk_size, the last one padded to its tier, the KV window growing between chunks."""
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import fuse
-    from stages.fuse.runtime import ReferenceRuntime
+    from pipeline.runtime.reference import ReferenceRuntime
 
     profile = copy.deepcopy(get_profile("reference-16K"))
     profile["buckets"] = {"prefill": [128, 256], "token": [512, 1024, 2048]}
@@ -380,7 +380,7 @@ def test_logits_for_matches_reference(runtimes, reference, prompt_ids):
 
 
 def test_refusals_are_one_sentence(runtimes, prompt_ids, packages):
-    from stages.fuse.runtime import ReferenceRuntime, RuntimeRefusal
+    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
 
     rt4, rt16 = runtimes["reference-4K"], runtimes["reference-16K"]
     with pytest.raises(RuntimeRefusal, match=r"prompt of 4097 tokens exceeds the package's maximum prompt length of 4096") as info:
@@ -400,7 +400,7 @@ def test_refusals_are_one_sentence(runtimes, prompt_ids, packages):
 
 
 def test_flipped_byte_in_model_bin_is_caught(packages, tmp_path):
-    from stages.fuse.runtime import PackageError, ReferenceRuntime
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     header = formats.read_header(pkg / "model.pb.bin")
@@ -419,7 +419,7 @@ def test_flipped_byte_in_model_bin_is_caught(packages, tmp_path):
 
 
 def test_swapped_weights_file_is_caught(packages, tmp_path):
-    from stages.fuse.runtime import PackageError, ReferenceRuntime
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     shutil.copyfile(packages["reference-16K"][0] / "model.bin", pkg / "model.bin")  # longer rotary tables
@@ -429,9 +429,9 @@ def test_swapped_weights_file_is_caught(packages, tmp_path):
 
 
 def test_missing_tier_is_caught(packages, tmp_path):
-    from stages.fuse.runtime import PackageError, ReferenceRuntime
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
 
-    from pipeline.profile import get as get_profile
+    from pipeline.npu.profile import get as get_profile
 
     pkg = _copy(packages["reference-16K"][0], tmp_path)
     tier = 8064  # a token tier of the 1.8.0 16K profile
@@ -445,7 +445,7 @@ def test_missing_tier_is_caught(packages, tmp_path):
 
 
 def test_edited_header_is_caught(packages, tmp_path):
-    from stages.fuse.runtime import PackageError, ReferenceRuntime
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
 
     src = packages["reference-4K"][0]
     # 1. an edit that does not update the header's own sha256
@@ -469,7 +469,7 @@ def test_edited_header_is_caught(packages, tmp_path):
 
 
 def test_edited_plan_is_caught(packages, tmp_path):
-    from stages.fuse.runtime import PackageError, ReferenceRuntime
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     path = pkg / "dd_metastate_Llm_Prefill_decoder_256.plan"

@@ -322,7 +322,7 @@ def test_gptq_export_format_and_progress(src_with_extras, tmp_path):
 def test_awq_export_reloads_and_generates(awq_export):
     import torch
 
-    from stages.quality import greedy_answer, load_hf, perplexity
+    from stages.quantize.quality import greedy_answer, load_hf, perplexity
 
     out, _, _ = awq_export
     model, tokenizer = load_hf(out)

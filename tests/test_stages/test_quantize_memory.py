@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import RaipackError, UsageError
+from pipeline.core.errors import RaipackError, UsageError
 from stages.quantize import memory
 from stages.quantize.memory import GIB, Estimate, available, check, estimate, parse_size
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from pipeline.errors import RaipackError
+from pipeline.core.errors import RaipackError
 from stages.quantize import quark_lock
 from stages.quantize.quark_lock import build_lock, wait_for_lock
 

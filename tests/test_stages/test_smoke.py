@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import edit_json
 
-from pipeline.errors import RaipackError
+from pipeline.core.errors import RaipackError
 from pipeline.validate import validate
 from stages.fuse import sdk
 from stages.fuse.stage import choose_backend
@@ -204,7 +204,7 @@ def test_auto_backend_says_which_ran_and_why(tmp_path, monkeypatch):
 
 
 def test_sdk_backend_contract_with_a_fake_model_generate(tmp_path, monkeypatch):
-    from pipeline.profile import get
+    from pipeline.npu.profile import get
 
     monkeypatch.setenv("RAIPACK_MODEL_GENERATE", str(fake_tool(tmp_path)))
     out = tmp_path / "out"
@@ -219,7 +219,7 @@ def test_sdk_backend_contract_with_a_fake_model_generate(tmp_path, monkeypatch):
 
 
 def test_sdk_backend_failure_is_one_sentence(tmp_path, monkeypatch):
-    from pipeline.profile import get
+    from pipeline.npu.profile import get
 
     monkeypatch.setenv("RAIPACK_MODEL_GENERATE", str(fake_tool(tmp_path, fail=True)))
     with pytest.raises(RaipackError, match="model_generate failed: model_generate: unsupported operator pattern in layer 3"):

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from stages import source
-from stages.source import SourceError, convert_gguf_to_hf, example_model_gguf
+from stages.source import gguf as source
+from stages.source.gguf import SourceError, convert_gguf_to_hf, example_model_gguf
 
 
 def test_missing_package_gives_install_hint(monkeypatch):
@@ -46,7 +46,7 @@ def test_convert_example_model_and_answer(tmp_path):
         gguf = example_model_gguf()
     except SourceError as exc:
         pytest.skip(str(exc))
-    from stages.quality import greedy_answer, load_hf
+    from stages.quantize.quality import greedy_answer, load_hf
 
     out = tmp_path / "fp32"
     (tmp_path / "fp32").mkdir()

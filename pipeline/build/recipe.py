@@ -1,0 +1,81 @@
+"""Recipes: a TOML file (or the same fields as flags) describing one build."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core import schemas
+from pipeline.core.errors import UsageError
+from pipeline.core.findings import Finding
+
+EXAMPLE_NAME = "SmolLM2-135M-Instruct"
+STAGE_TABLES = ("source", "quantize", "export", "fuse", "smoke")
+
+
+class RecipeError(UsageError):
+    """A recipe that does not match its schema; carries the findings."""
+
+    def __init__(self, findings: list[Finding]):
+        first = findings[0]
+        super().__init__(f"{first.path}: {first.message}" + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""), first.hint)
+        self.findings = findings
+
+
+@dataclass
+class Recipe:
+    model: str | None = None
+    name: str | None = None
+    profile: str = "1.8.0-npu-16K"
+    output: str = "build"
+    trust_remote_code: bool = False
+    expected_answer: str | None = None
+    stages: dict[str, dict] = field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def is_example(self) -> bool:
+        return self.model is None
+
+    def model_name(self) -> str:
+        if self.name:
+            return self.name
+        return EXAMPLE_NAME if self.is_example else Path(self.model).resolve().name
+
+
+def check(doc: dict, where: str) -> None:
+    findings = [Finding("RP202", "error", where, message, "see `raipack schemas recipe`", pointer) for pointer, message in schemas.errors("recipe", doc)]
+    if findings:
+        raise RecipeError(findings)
+
+
+def load(path: Path | None, overrides: dict | None = None) -> Recipe:
+    """Read a recipe file (optional) and apply flag overrides (None = not given)."""
+    doc: dict = {}
+    where = "(flags)"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        try:
+            doc = tomllib.loads(path.read_text("utf-8"))
+        except FileNotFoundError:
+            raise UsageError(f"recipe {path} does not exist", "give the path of a .toml recipe") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"recipe {path} cannot be read: {exc}", "check the file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"recipe {path} is not valid TOML: {exc}", "fix the syntax") from None
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if "." in key:
+            table, opt = key.split(".", 1)
+            doc.setdefault(table, {})[opt] = value
+        else:
+            doc[key] = value
+    check(doc, where)
+    top = {k: v for k, v in doc.items() if k not in STAGE_TABLES}
+    recipe = Recipe(**top, stages={t: dict(doc.get(t, {})) for t in STAGE_TABLES}, path=str(path) if path else None)
+    if recipe.is_example and recipe.expected_answer is None:
+        recipe.expected_answer = "Paris"
+    return recipe

@@ -1,0 +1,291 @@
+"""Run the build stages: inputs checked, stage runs into a staging folder,
+outputs validated, manifest written, folder renamed into place.
+
+Every stage output is a cache entry; killing the process at any moment leaves
+either a complete entry (with its manifest) or a `.staging-*` folder that no
+later run mistakes for output, and that the next build removes (pipeline.build.staging).
+A rerun picks up after the last complete stage. Entries are sealed read-only and
+checked on every hit (pipeline.build.cache); the package is a copy, never sharing a
+byte of storage with the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from functools import partial
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.build import cache, staging, swap
+from pipeline.core import manifest
+from pipeline.npu import profile as profiles
+from pipeline.core import stage as stages
+from pipeline.build.config import config_dict, parse_config
+from pipeline.build.crash import stage_crashed
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.build.inputs import check_model_dir
+from pipeline.core.output import atomic_write_text
+from pipeline.build.progress import Progress
+from pipeline.build.recipe import Recipe
+
+
+class StageFailed(RaipackError):
+    """A stage ran but its output failed the checks, or it refused its input."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str  # built | cached
+    seconds: float
+    key: str
+    path: str
+    report: dict = field(default_factory=dict)
+
+
+@dataclass
+class BuildResult:
+    recipe: Recipe
+    profile: dict
+    stages: list[StageResult]
+    package: Path | None
+    seconds: float
+    findings: list = field(default_factory=list)
+
+    def report(self) -> dict:
+        return {
+            "format": "raipack-build-report",
+            "format_version": 1,
+            "model": self.recipe.model_name(),
+            "profile": self.profile["id"],
+            "package": str(self.package) if self.package else None,
+            "seconds": round(self.seconds, 2),
+            "stages": [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 2), "cache_key": s.key, "report": s.report} for s in self.stages],
+            "findings": [f.to_dict() for f in self.findings],
+            "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
+        }
+
+
+def package_name(recipe: Recipe, profile: dict) -> str:
+    """AMD's pattern: <model>_rai_<release>_npu_<4K|16K> (from the profile's name pattern)."""
+    patterns = profile["detect"]["name_patterns"]
+    if not patterns:
+        raise UsageError(f"profile {profile['id']} is not a package target", "choose a release profile such as 1.8.0-npu-16K (see `raipack profiles`)")
+    return patterns[0].replace("*", recipe.model_name())
+
+
+def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
+    names = stages.order()
+    for flag, value in (("--until", until), ("--from", from_)):
+        if value is not None and value not in names:
+            raise UsageError(f"{flag} {value!r} is not a stage", f"stages are: {', '.join(names)}")
+    end = names.index(until) + 1 if until else len(names)
+    if from_ and names.index(from_) >= end:
+        raise UsageError(f"--from {from_} comes after --until {until}", "pick a --from stage before the --until stage")
+    return names[:end], from_
+
+
+def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
+          progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False) -> BuildResult:
+    start = time.perf_counter()
+    progress = progress or Progress("plain")
+    profile = profiles.get(recipe.profile)
+    names, from_ = plan(until, from_)
+    pkg_name = package_name(recipe, profile)
+    out_root = Path(recipe.output)
+    _check_output_location(out_root)
+    outputs: dict[str, Path] = {}
+    reports: dict[str, dict] = {}
+    results: list[StageResult] = []
+    if recipe.model is not None:
+        outputs["source"] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+    for name in names:  # what a later stage would refuse, refused before the first one spends minutes
+        st = stages.get(name)
+        if st.preflight is not None:
+            st.preflight(parse_config(st.config, recipe.stages.get(name), f"[{name}]"), profile)
+    root = cache_root or cache.cache_root()
+    staging.hold(root)  # before the sweep: no other build takes this one's folders for a dead one's
+    try:
+        staging.sweep_cache(root)
+        forcing = force
+        for name in names:
+            if name == "source" and recipe.model is not None:
+                continue
+            if from_ == name:
+                forcing = True
+            st = stages.get(name)
+            cfg = parse_config(st.config, recipe.stages.get(name), f"[{name}]")
+            missing = [i for i in st.inputs if i not in outputs]
+            if missing:
+                raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
+            digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
+            ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
+            t0 = time.perf_counter()
+            hit = None if forcing else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
+            if hit is None and from_ and names.index(name) < names.index(from_):
+                raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
+            if hit is not None:
+                path, report = hit, _stored_report(hit)
+                status = "cached"
+            else:
+                path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root)
+                status = "built"
+            outputs[name], reports[name] = path, report
+            res = StageResult(name, status, time.perf_counter() - t0, ckey, str(path), report)
+            results.append(res)
+            progress.stage(name, status, res.seconds, report.get("summary", ""))
+            _link_stage_output(out_root, pkg_name, name, path)
+        package = None
+        findings = []
+        if "fuse" in outputs:
+            package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, root)
+        return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
+    finally:
+        staging.release(root)
+
+
+def _check_output_location(out_root: Path) -> None:
+    try:
+        out_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"output folder {out_root} cannot be created: {exc.strerror or exc}", "choose another --output folder") from None
+    if not os.access(out_root, os.W_OK | os.X_OK):
+        raise UsageError(f"output folder {out_root} is not writable", "choose another --output folder")
+
+
+def _stored_report(path: Path) -> dict:
+    doc = manifest.read(path) or {}
+    return doc.get("report", {})
+
+
+def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root) -> tuple[Path, dict]:
+    final = cache.entry(st.name, ckey, cache_root)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = final.parent / f".staging-{ckey}-{os.getpid()}"
+    cache.remove(work)
+    work.mkdir()
+    job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
+    try:
+        try:
+            report = st.run(job) or {}
+        except RaipackError:
+            raise
+        except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/crash.py)
+            raise stage_crashed(st.name, recipe, profile, exc) from exc
+        manifest.mark_incomplete(work)  # the stage may have replaced the folder
+        lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
+                   "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
+        doc = manifest.describe(work, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
+                                lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile["id"]})
+        _check_output(st, job, work, doc)
+        if final.exists():  # an older entry under the same key: incomplete, or rebuilt with --force
+            cache.remove(final)
+        _commit(work, final, doc)
+    except BaseException:
+        cache.remove(work)
+        raise
+    return final, report
+
+
+def _commit(work: Path, final: Path, doc: dict) -> None:
+    """Rename the folder into place, then write its manifest: the manifest is the
+    commit, so no folder ever holds a complete manifest before it is in place.
+    Then seal it read-only."""
+    os.rename(work, final)
+    manifest.put(final, doc)
+    (final / manifest.INCOMPLETE).unlink(missing_ok=True)
+    cache.seal(final)
+
+
+def _check_output(st, job, folder: Path, doc: dict) -> None:
+    profile = st.output_profile(job)
+    if profile is None:  # a report, not a package: the stage checked its own results
+        return
+    result = _validate_with_manifest(folder, doc, profile)
+    errors = [f for f in result.findings if f.severity == "error"]
+    if errors:
+        f = errors[0]
+        where = f"{f.path}" + (f" [{f.pointer}]" if f.pointer else "")
+        raise StageFailed(f"stage {st.name} wrote an output that fails its checks: {where}: {f.message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""), f.hint)
+
+
+def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
+    """Validate a staged folder as it will be once committed, its manifest
+    included in memory only: a killed run never leaves a manifest behind."""
+    from pipeline.validate import validate
+
+    return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
+
+
+def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> None:
+    """build/<package>.stages/<stage> points at the stage's cache entry."""
+    links = out_root / f"{pkg_name}.stages"
+    links.mkdir(exist_ok=True)
+    link = links / name
+    tmp = links / f".{name}.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(path, tmp)
+    os.replace(tmp, link)
+
+
+def _assemble(target: Path, fused: Path, reports, recipe, profile, results, start, root: Path):
+    """Copy the fused package next to its build report, validate, rename into place."""
+    prefix = f".{target.name}.staging-"
+    staging.sweep_beside(target.parent, prefix, root)
+    swap.recover(target, partial(staging.alive, root=root))
+    work = target.parent / f"{prefix}{os.getpid()}"
+    cache.remove(work)
+    work.mkdir()
+    manifest.mark_incomplete(work)
+    try:
+        _copy_tree(fused, work)
+        draft = BuildResult(recipe, profile, results, target, time.perf_counter() - start)
+        atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
+        from pipeline.build.model_card import append_build_numbers
+
+        append_build_numbers(work / "README.md", draft.report())
+        doc = manifest.describe(work, "package", lineage={"inputs": [{"stage": "fuse", "path": str(fused), "sha256": cache.folder_digest(fused)}],
+                                "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key} for r in results]},
+                                tools=draft.report()["tools"], extra={"target_profile": profile["id"]})
+        result = _validate_with_manifest(work, doc)
+        errors = [f for f in result.findings if f.severity == "error"]
+        if errors:
+            raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
+        manifest.put(work, doc)
+        (work / manifest.INCOMPLETE).unlink()
+        swap.replace_dir(work, target)  # the package name always holds a finished package
+    except BaseException:
+        cache.remove(work)
+        raise
+    return target, result.findings
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Copy a cache entry's files (not its manifest) into `dst`, each in storage of its own and
+    writable like a new file: a user editing the package never touches the cache."""
+    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(manifest.NAME), dirs_exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    for dirpath, _, _ in os.walk(dst):  # copytree gave the folders the entry's read-only mode
+        os.chmod(dirpath, 0o777 & ~umask)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """A reflink where the filesystem offers one (btrfs, XFS: shared until either side is written),
+    else a kernel copy (shutil uses sendfile)."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            import fcntl
+
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+            return
+        except (ImportError, OSError):
+            pass
+    shutil.copyfile(src, dst)
+
+
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)

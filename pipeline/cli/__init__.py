@@ -1,0 +1,10 @@
+"""Command line: one small module per command; the only place that knows click.
+
+Each module registers its commands on the group of `main.py`; importing them here is what makes
+`raipack <command>` exist.
+"""
+
+from pipeline.cli import build, cache, info, run, tune, validate  # noqa: F401  (register the commands)
+from pipeline.cli.main import cli, main
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,81 @@
+"""`raipack build`: parse the options, run the pipeline, print the summary a user reads at the end."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.cli.main import cli
+from pipeline.core.env import OFFLINE
+from pipeline.core.errors import RaipackError, UsageError
+
+
+@cli.command()
+@click.argument("model_dir", required=False)
+@click.option("--recipe", type=click.Path(path_type=Path), help="A TOML recipe (see `raipack schemas recipe`); flags override it.")
+@click.option("--profile", help="Target profile, e.g. 1.8.0-npu-16K (default) or 1.8.0-npu-4K.")
+@click.option("--name", help="Model name in the package folder name.")
+@click.option("--output", "-o", help="Folder that receives the package (default: build).")
+@click.option("--until", help="Stop after this stage (source, quantize, export, fuse, smoke).")
+@click.option("--from", "from_", help="Rebuild from this stage on; earlier stages come from the cache.")
+@click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the cache.")
+@click.option("--verify-cache", is_flag=True, help="Hash every cached output against its manifest before using it (else only when its files' stat changed).")
+@click.option("--algorithm", type=click.Choice(["awq", "gptq", "rtn"]), help="Quantization algorithm (default awq).")
+@click.option("--group-size", help="Quantization group size: 128, 64, 32 or auto.")
+@click.option("--num-samples", type=int, help="Calibration samples.")
+@click.option("--seq-len", type=int, help="Calibration sequence length.")
+@click.option("--calib-data", help="Calibration text (.txt) or JSON lines (.jsonl, {\"text\": ...}).")
+@click.option("--backend", type=click.Choice(["auto", "reference", "ryzenai-sdk"]), help="Fuse backend.")
+@click.option("--require-npu", is_flag=True, default=None, help="Fail the smoke stage instead of falling back to the CPU reference runtime.")
+@click.option("--trust-remote-code", is_flag=True, default=None, help="Allow a model that needs its own Python code.")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
+@click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
+def build(model_dir, recipe, profile, name, output, until, from_, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log):
+    """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
+    if group_size is not None and group_size != "auto":
+        if not group_size.isdigit():
+            raise UsageError(f"--group-size {group_size!r} is not a number or auto", "use 128, 64, 32 or auto")
+        group_size = int(group_size)
+    overrides = {"model": model_dir, "profile": profile, "name": name, "output": output, "trust_remote_code": trust_remote_code,
+                 "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
+                 "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
+    mode = "json" if json_log else "quiet" if quiet else "auto"
+    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache))
+
+
+def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False) -> int:
+    os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
+
+    from pipeline.build.progress import Progress
+    from pipeline.build.recipe import load
+    from pipeline.build.runner import build
+
+    progress = Progress(mode)
+    recipe = load(Path(recipe_path) if recipe_path else None, overrides)
+    progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}" + (" (the example model)" if recipe.is_example else f" from {recipe.model}"))
+    try:
+        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache)
+    except RaipackError:
+        progress.event("build", status="failed")
+        raise
+    rep = result.report()
+    progress.event("build", status="done", package=rep["package"], seconds=rep["seconds"])
+    cached = sum(1 for s in result.stages if s.status == "cached")
+    if result.stages and cached == len(result.stages):
+        progress.line("nothing to do: every stage is cached (use --force to rebuild)")
+    if mode == "json":
+        return 0
+    if result.package:
+        click.echo(f"\npackage   {result.package}")
+        click.echo(f"report    {result.package / 'report.json'}")
+        click.echo(f"validate  raipack validate {result.package}")
+        click.echo(f"run       raipack run {result.package} --prompt \"What is the capital of France?\"")
+    else:
+        last = result.stages[-1] if result.stages else None
+        if last:
+            click.echo(f"\n{last.name} output  {last.path}")
+    click.echo(f"done in {result.seconds:.1f} s")
+    return 0

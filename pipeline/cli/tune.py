@@ -1,0 +1,45 @@
+"""`raipack tune`: change a package's length settings safely."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.cli.main import cli
+from pipeline.core.output import use_color
+
+
+@cli.command()
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("--max-length", type=click.IntRange(1, 1 << 20), help="New search.max_length (prompt + answer tokens).")
+@click.option("--max-prompt", type=click.IntRange(1, 1 << 20), help="Longest prompt to serve; checked against the Ryzen AI version's max_prompt_length.")
+@click.option("--chunk-size", type=click.IntRange(1, 1 << 20), help="New search.chunk_size; must be a prefill tier of the package.")
+@click.option("--sdk-version", help="Ryzen AI version the package runs on (default: $RAIPACK_SDK_VERSION, the installed one, else the package's release).")
+@click.option("--profile", default="auto", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
+def tune(package, max_length, max_prompt, chunk_size, sdk_version, profile, dry_run):
+    """Change a package's length settings in genai_config.json, consistently and safely."""
+    from pipeline.reporters import REPORTERS
+    from pipeline.tune import apply, plan, revalidate
+
+    p = plan(package, max_length, max_prompt, chunk_size, sdk_version, profile)
+    click.echo(f"Ryzen AI {p.sdk[0]} ({p.sdk[1]})")
+    for name, old, new in p.changes:
+        click.echo(f"  {name}: {old} -> {new}")
+    if not p.changes:
+        click.echo(f"nothing to change: {p.path} already has these settings")
+        sys.exit(0)
+    click.echo(p.diff(), nl=False)
+    for note in p.notes:
+        click.echo(note)
+    if dry_run:
+        click.echo("dry run: nothing written")
+        sys.exit(0)
+    backup = apply(p)
+    click.echo(f"wrote {p.path} (backup: {backup.name})")
+    result = revalidate(p)
+    code = 1 if result.failed() else 0
+    click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False)
+    sys.exit(code)

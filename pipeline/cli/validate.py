@@ -1,0 +1,71 @@
+"""`raipack validate` and `raipack inspect`: check and summarise package folders."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.cli.main import cli, error
+from pipeline.core.errors import NothingToValidate
+from pipeline.core.output import atomic_write_text, use_color
+
+
+
+def _ids(value: str | None) -> tuple[str, ...]:
+    return tuple(v.strip() for v in (value or "").split(",") if v.strip())
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--profile", default="auto", show_default=True, help="Profile id (see `raipack profiles`), or auto to detect it.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "sarif"]), default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report here (atomically); the text summary still goes to stdout.")
+@click.option("--strict", is_flag=True, help="Warnings fail the run too.")
+@click.option("--strict-advice", is_flag=True, help="Advice fails the run too.")
+@click.option("--select", help="Only these check ids or prefixes, comma-separated (RP1,RP202).")
+@click.option("--ignore", help="Skip these check ids or prefixes, comma-separated.")
+@click.option("--verify-hashes", is_flag=True, help="Hash every file against manifest.json or its Git LFS oid.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Threads for --verify-hashes (default: every core).")
+def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs):
+    """Check model package folders against their profile's schemas and rules."""
+    from pipeline.reporters import REPORTERS
+    from pipeline.validate import validate as run
+
+    results, codes = [], []
+    for path in paths:
+        try:
+            result = run(path, profile, _ids(select), _ids(ignore), verify_hashes, jobs)
+        except NothingToValidate as exc:
+            error(exc)
+            codes.append(exc.exit_code)
+            continue
+        results.append(result)
+        codes.append(1 if result.failed(strict, strict_advice) else 0)
+    code = 1 if 1 in codes else 3 if 3 in codes else 0
+    report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False)
+    if output:
+        atomic_write_text(output, report)
+        if fmt != "text":
+            click.echo(REPORTERS["text"](results, code, use_color(sys.stdout)), nl=False)
+    else:
+        click.echo(report, nl=False)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--profile", default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(path, profile, as_json):
+    """Summarise a package: profile, files, quantization, options, buckets, limits."""
+    from pipeline.summary import render, summary
+    from pipeline.core.textsafe import safe_tree
+
+    data = summary(path, profile)
+    if as_json:
+        click.echo(json.dumps(safe_tree(data), indent=2))
+    else:
+        render(safe_tree(data, markup=True))

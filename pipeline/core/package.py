@@ -1,0 +1,366 @@
+"""A package is a folder of files with roles, read without loading weights.
+
+Scanning stats every file, reads at most the first bytes of small files (to
+recognise Git LFS pointers and pickles) and parses JSON on demand with a size
+cap. Every read goes through `Package.open`, which refuses a path that leaves
+the package or is not a regular file (FIFO, device, socket) before opening it.
+Nothing from the package is ever imported or executed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from pipeline.data import load_data
+from pipeline.core.findings import Finding
+
+LFS_MAGIC = b"version https://git-lfs.github.com/spec/"
+LFS_MAX_SIZE = 1024  # real pointers are ~130 bytes
+JSON_MAX_BYTES = 64 * 1024 * 1024  # a larger "JSON" file is refused, not read
+# The decoder graph keeps its weights in external data: AMD's and the OGA builder's model.onnx
+# files are well under a MiB for an 8B model. Parsing costs about 150 bytes of memory per protobuf
+# message, so besides the size, the number of messages is capped before parsing (pipeline/protowire.py).
+GRAPH_MAX_BYTES = 64 * 1024 * 1024
+GRAPH_MAX_NODES = 100_000  # an 8B decoder has a few thousand
+GRAPH_MAX_FIELDS = 500_000  # protobuf fields of any kind (an 8B decoder has about 25 000); scanning them takes at most ~1 s
+MAX_FILES = 100_000
+PICKLE_MAGICS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+ZIP_MAGIC = b"PK\x03\x04"
+
+SCAN = "RP101"  # check id of the findings the scan itself produces
+
+
+@dataclass(frozen=True)
+class LfsPointer:
+    oid: str  # "sha256:<hex>"
+    size: int
+
+
+@dataclass
+class FileEntry:
+    rel: str  # posix path relative to the package root
+    size: int
+    role: str
+    lfs: LfsPointer | None = None
+    symlink: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.rel.rsplit("/", 1)[-1]
+
+
+def _roles():
+    return load_data("roles.json")
+
+
+def role_of(rel: str) -> str:
+    name = rel.rsplit("/", 1)[-1]
+    for pattern, role in _roles()["rules"]:
+        if fnmatch.fnmatchcase(rel if "/" in pattern else name, pattern):
+            return role
+    return "other"
+
+
+def parse_lfs_pointer(head: bytes) -> LfsPointer | None:
+    """Parse a Git LFS pointer file's text; None when it is not one."""
+    if not head.startswith(LFS_MAGIC):
+        return None
+    fields = {}
+    for line in head.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        fields[key] = value.strip()
+    try:
+        return LfsPointer(oid=fields.get("oid", ""), size=int(fields.get("size", "-1")))
+    except ValueError:
+        return LfsPointer(oid=fields.get("oid", ""), size=-1)
+
+
+class ReadError(Exception):
+    """A package file that cannot be read safely; str() is the user-facing sentence."""
+
+    def __init__(self, message: str, hint: str = "", pointer: str = ""):
+        super().__init__(message)
+        self.hint = hint
+        self.pointer = pointer
+
+
+class JsonError(ReadError):
+    """A JSON file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DuplicateKey:
+    pointer: str  # JSON pointer of the object holding the key twice
+    key: str
+    values: tuple  # every value the key was given, in file order
+
+
+@dataclass
+class Package:
+    root: Path
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    scan_findings: list[Finding] = field(default_factory=list)
+    _json: dict = field(default_factory=dict, repr=False)
+    _duplicates: dict = field(default_factory=dict, repr=False)
+
+    # -- scanning ---------------------------------------------------------
+    @classmethod
+    def scan(cls, root: Path) -> "Package":
+        root = Path(root)
+        pkg = cls(root=root)
+        real_root = os.path.realpath(root)
+        stack = [("", root)]
+        while stack:
+            rel_dir, path = stack.pop()
+            try:
+                with os.scandir(path) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                pkg._scan_error(rel_dir, f"cannot list the folder: {exc.strerror or exc}", "check its permissions")
+                continue
+            for entry in entries:
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.name == ".git" and not rel_dir:
+                    continue
+                pkg._scan_entry(entry, rel, real_root, stack)
+                if len(pkg.files) > MAX_FILES:
+                    pkg._scan_error("", f"more than {MAX_FILES} files; the rest were not scanned", "point raipack at the package folder itself, not a parent")
+                    return pkg
+        return pkg
+
+    def _scan_error(self, rel: str, message: str, hint: str, severity: str = "error"):
+        self.scan_findings.append(Finding(SCAN, severity, rel, message, hint))
+
+    def _scan_entry(self, entry: os.DirEntry, rel: str, real_root: str, stack: list):
+        is_link = entry.is_symlink()
+        if is_link:
+            target = os.path.realpath(entry.path)
+            if not os.path.exists(target):
+                self._scan_error(rel, "is a broken symlink or a symlink loop", "replace it with the real file")
+                return
+            if os.path.commonpath([real_root, target]) != real_root:
+                self._scan_error(rel, f"is a symlink that leaves the package (to {target})", "copy the file into the package instead of linking to it")
+                return
+            if os.path.isdir(target):
+                self._scan_error(rel, "is a symlink to a folder inside the package; it was not followed", "replace the link with the folder itself", "warning")
+                return
+        try:
+            st = os.stat(entry.path)
+        except OSError as exc:
+            self._scan_error(rel, f"cannot be read: {exc.strerror or exc}", "check its permissions")
+            return
+        if stat.S_ISDIR(st.st_mode):
+            self.dirs.add(rel)
+            stack.append((rel, Path(entry.path)))
+            return
+        if not stat.S_ISREG(st.st_mode):
+            self._scan_error(rel, "is not a regular file (device, socket or pipe)", "remove it from the package")
+            return
+        fe = FileEntry(rel=rel, size=st.st_size, role=role_of(rel), symlink=is_link)
+        if 0 < st.st_size <= LFS_MAX_SIZE or fe.role in ("pickle", "npu_weights"):
+            head = self._head(rel, fe)
+            if head is not None:
+                fe.lfs = parse_lfs_pointer(head) if st.st_size <= LFS_MAX_SIZE else None
+                if fe.role == "npu_weights" and fe.lfs is None and _looks_pickled(head):
+                    fe.role = "pickle"
+        self.files[rel] = fe
+
+    def _head(self, rel: str, fe: FileEntry, n: int = LFS_MAX_SIZE) -> bytes | None:
+        try:
+            with self.open(rel) as fh:
+                return fh.read(n)
+        except ReadError as exc:
+            self._scan_error(rel, str(exc), exc.hint)
+            return None
+
+    # -- reading --------------------------------------------------------------
+    @cached_property
+    def real_root(self) -> str:
+        return os.path.realpath(self.root)
+
+    def open(self, rel: str):
+        """Open package file `rel` for reading in binary. Raises ReadError, before
+        opening anything, when the path resolves outside the package or is not a
+        regular file; the open descriptor is checked again (a file swapped for a
+        FIFO after the check is refused, and opening never blocks on one)."""
+        real = os.path.realpath(self.root / rel)
+        if os.path.commonpath([self.real_root, real]) != self.real_root:
+            raise ReadError(f"resolves outside the package (to {real})", "copy the file into the package instead of linking to it")
+        try:
+            if not stat.S_ISREG(os.stat(real).st_mode):
+                raise ReadError(NOT_REGULAR, "remove it from the package")
+            fd = os.open(real, os.O_RDONLY | _O_NONBLOCK | _O_NOFOLLOW | _O_NOCTTY)
+        except OSError as exc:
+            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ReadError(NOT_REGULAR, "remove it from the package")
+        return os.fdopen(fd, "rb")
+
+    def read_bytes(self, rel: str, limit: int, what: str = "file") -> bytes:
+        """The whole of `rel`, refused (ReadError) when it is larger than `limit` bytes."""
+        try:
+            with self.open(rel) as fh:
+                raw = fh.read(limit + 1)
+        except OSError as exc:
+            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+        if len(raw) > limit:
+            raise ReadError(f"is larger than the {limit} bytes a {what} may have", "check that the right file was placed here")
+        return raw
+
+    def add_virtual_json(self, rel: str, doc) -> None:
+        """Treat `doc` as the content of `rel` without writing it (validating a
+        folder as it will be once its manifest is written); None hides `rel`."""
+        if doc is None:
+            self.files.pop(rel, None)
+            return
+        size = len(json.dumps(doc, indent=2)) + 1
+        self.files[rel] = FileEntry(rel=rel, size=size, role=role_of(rel))
+        self._json[rel] = doc
+
+    # -- queries ------------------------------------------------------------
+    def by_role(self, *roles: str) -> list[FileEntry]:
+        return [f for f in self.files.values() if f.role in roles]
+
+    def has(self, rel: str) -> bool:
+        return rel in self.files
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    @cached_property
+    def name(self) -> str:
+        return Path(os.path.abspath(self.root)).name
+
+    def json(self, rel: str):
+        """Parsed JSON of `rel`, or raise JsonError with a user-facing sentence."""
+        if rel in self._json:
+            value = self._json[rel]
+            if isinstance(value, JsonError):
+                raise value
+            return value
+        try:
+            value = self._load_json(rel)
+        except JsonError as exc:
+            self._json[rel] = exc
+            raise
+        self._json[rel] = value
+        return value
+
+    def try_json(self, rel: str):
+        """Parsed JSON, or None when missing or broken (the json checks report why)."""
+        if rel not in self.files:
+            return None
+        try:
+            return self.json(rel)
+        except JsonError:
+            return None
+
+    def _load_json(self, rel: str):
+        fe = self.files.get(rel)
+        if fe is None:
+            if rel in self.dirs:
+                raise JsonError("is a folder where a JSON file belongs", "replace the folder with the file")
+            raise JsonError("is missing", "add the file to the package")
+        if fe.lfs:
+            raise JsonError("is a Git LFS pointer, not the JSON file", "run `git lfs pull` in the package's clone")
+        if fe.size > JSON_MAX_BYTES:
+            raise JsonError(f"is {fe.size} bytes, more than the {JSON_MAX_BYTES} bytes a JSON config may have", "check that the right file was placed here")
+        try:
+            raw = self.read_bytes(rel, JSON_MAX_BYTES, "JSON config")
+            text = raw.decode("utf-8-sig")
+            doc, duplicates = parse_json(text)
+        except ReadError as exc:
+            raise JsonError(str(exc), exc.hint, exc.pointer)
+        except UnicodeDecodeError as exc:
+            raise JsonError(f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8")
+        except MemoryError:
+            raise JsonError(f"could not be parsed in the memory available ({fe.size} bytes)", "free memory, or check that the right file was placed here")
+        if duplicates:
+            self._duplicates[rel] = duplicates
+        return doc
+
+    def duplicate_keys(self, rel: str) -> list[DuplicateKey]:
+        """Keys that occur more than once in one object of `rel` (after `json(rel)`)."""
+        return self._duplicates.get(rel, [])
+
+
+NOT_REGULAR = "is not a regular file (device, socket or pipe)"
+_O_NONBLOCK, _O_NOFOLLOW, _O_NOCTTY = (getattr(os, n, 0) for n in ("O_NONBLOCK", "O_NOFOLLOW", "O_NOCTTY"))
+
+
+class _NonFinite(str):
+    """Stands in for a number JSON can write but a double cannot hold (1e999, NaN)."""
+
+
+def parse_json(text: str) -> tuple[object, list[DuplicateKey]]:
+    """json.loads, refusing non-finite numbers (JsonError naming the JSON pointer)
+    and returning every duplicated key with the pointer of its object."""
+    doubled: list[tuple[dict, list]] = []
+    non_finite: list[_NonFinite] = []
+
+    def pairs(items):
+        obj = dict(items)
+        if len(obj) != len(items):
+            seen: dict = {}
+            for key, value in items:
+                seen.setdefault(key, []).append(value)
+            doubled.append((obj, [(k, tuple(v)) for k, v in seen.items() if len(v) > 1]))
+        return obj
+
+    def number(text: str):
+        value = float(text)
+        return value if math.isfinite(value) else _mark(text)
+
+    def _mark(text: str):
+        non_finite.append(_NonFinite(text))
+        return non_finite[-1]
+
+    try:
+        doc = json.loads(text, object_pairs_hook=pairs, parse_float=number, parse_constant=_mark)
+    except json.JSONDecodeError as exc:
+        raise JsonError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "fix the syntax (a truncated download is a common cause)")
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise JsonError(f"is not valid JSON: {exc}", "check that the right file was placed here")
+    except RecursionError:
+        raise JsonError("is not usable JSON: nested too deeply", "check that the right file was placed here")
+    if not non_finite and not doubled:
+        return doc, []
+    where = json_pointers(doc, {id(x) for x in non_finite} | {id(obj) for obj, _ in doubled})
+    if non_finite:
+        first = non_finite[0]
+        pointer = where.get(id(first), "")
+        raise JsonError(f"holds {first} at {pointer or 'the top level'}, which is not a finite number (a double overflows to infinity above about 1.8e308)",
+                        "write a finite number or null; JSON has no NaN or Infinity", pointer)
+    return doc, [DuplicateKey(where.get(id(obj), ""), key, values) for obj, keys in doubled for key, values in keys]
+
+
+def json_pointers(doc, targets: set[int]) -> dict[int, str]:
+    """id() of each target object inside `doc` → its JSON pointer (RFC 6901)."""
+    from pipeline.core.schemas import pointer_of
+
+    found: dict[int, str] = {}
+    stack = [(doc, "")]
+    while stack and len(found) < len(targets):
+        node, pointer = stack.pop()
+        if id(node) in targets:
+            found.setdefault(id(node), pointer)
+        if isinstance(node, dict):
+            stack.extend((v, pointer + pointer_of([k])) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{pointer}/{i}") for i, v in enumerate(node))
+    return found
+
+
+def _looks_pickled(head: bytes) -> bool:
+    if head[:2] in PICKLE_MAGICS:
+        return True
+    return head.startswith(ZIP_MAGIC) and b"data.pkl" in head

@@ -1,0 +1,387 @@
+"""The reference runtime: runs a raipack reference package on the CPU the way the NPU runtime would.
+
+- Weights: the NPU-side tensors are read from `model.bin` through `model.pb.bin` (offsets and sizes
+  checked against the file at load, sha256 of every tensor checked at load unless `verify="sizes"`)
+  and handed to onnxruntime as external initializers, so onnxruntime never reads `model.bin` itself.
+  `model.onnx` must reference exactly the offsets the header lists.
+- Plans: every tier's `dd_metastate_*.plan` is loaded, its `.state` must name the plan's, the
+  header's and the graph's sha256, and the plan must be internally consistent.
+- KV cache: one static buffer of `search.max_length` positions per layer for keys and values, shared
+  between past and present (onnxruntime's GroupQueryAttention with past_present_share_buffer). A call
+  binds the window of the smallest token tier that holds its last position, as that tier's plan
+  describes ([1, kv_heads, W, head_size] at the start of each layer's region); growing into the next
+  tier re-lays the filled positions out in place.
+- Prefill: the prompt is right-padded up to the smallest prefill tier that holds it; longer prompts
+  run in chunks of `search.chunk_size` (the last chunk padded to its tier) when
+  `hybrid_opt_chunk_context` is "1". Padding only ever sits after the real tokens: the causal mask
+  hides it from them, and the KV rows it writes lie beyond the real length, where the next tokens
+  overwrite them before anything reads them.
+- Token phase: one token per call, with the plan of the token tier that holds the new length.
+- Refusals: a prompt longer than `rai_config.max_prompt_length` for the SDK version, or a request
+  beyond `search.max_length`, raises `RuntimeRefusal` whose str() is one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.npu import formats
+from pipeline.npu.formats import FormatError
+from pipeline.runtime.trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
+
+
+class RuntimeRefusal(ValueError):
+    """A request the package cannot serve (too long a prompt or sequence); str() is one sentence."""
+
+    def __init__(self, message: str, limit: int | None = None, requested: int | None = None):
+        super().__init__(message)
+        self.limit = limit
+        self.requested = requested
+
+
+def ryzenai_options(genai: dict) -> dict:
+    session = genai.get("model", {}).get("decoder", {}).get("session_options", {}) or {}
+    for entry in session.get("provider_options") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("RyzenAI"), dict):
+            return entry["RyzenAI"]
+    return {}
+
+
+class ReferenceRuntime:
+    """Loads a reference package and runs greedy generation on the CPU (see the module docstring)."""
+
+    def __init__(self, pkg_dir: str | Path, threads: int | None = None, *, verify: str = "sha256", sdk_version: str | None = None):
+        import numpy as np
+        import onnx
+        import onnxruntime as ort
+
+        self.pkg = Path(pkg_dir)
+        self.files = PackageFiles(self.pkg)  # nothing special, nothing outside the package
+        manifest = self.files.check_manifest(hashes=verify == "sha256")  # hashes on a thread meanwhile
+        self.genai = self.files.json("genai_config.json", "genai_config")
+        opts = ryzenai_options(self.genai)
+        if not opts:
+            raise PackageError(f"{self.pkg / 'genai_config.json'} has no RyzenAI provider options; it is not an NPU package", "fuse the export with raipack's reference backend")
+        header_name = opts.get("external_data_file", "model.pb.bin")
+        header_path = self.files.path(header_name, "genai_config.json's RyzenAI option external_data_file")
+        if not formats.is_reference_header(header_path):
+            raise PackageError(f"{header_path} is not a raipack reference header (missing, or another format such as AMD's): the reference runtime only runs packages raipack's reference backend wrote",
+                               "run AMD packages with AMD's Ryzen AI runtime on an NPU")
+        try:
+            self.weights = formats.WeightsFile(header_path, verify=verify)
+        except FormatError as err:
+            raise PackageError(str(err), err.hint) from None
+        header = self.weights.header
+        _check_header_fields(header, header_path)
+        dec = self.genai["model"]["decoder"]
+        self.dims = header["model"]
+        self.num_layers, self.kv_heads, self.head_size = self.dims["layers"], self.dims["kv_heads"], self.dims["head_size"]
+        self.vocab_size = self.dims["vocab_size"]
+        tiers = header["tiers"]
+        self.prefill_tiers, self.token_tiers, self.node = sorted(tiers["prefill"]), sorted(tiers["token"]), tiers["node"]
+        search = self.genai.get("search", {})
+        self.max_length = int(search.get("max_length", 0))
+        if self.max_length != tiers["max_length"] or self.max_length > self.token_tiers[-1]:
+            raise PackageError(f"genai_config.json search.max_length {self.max_length} does not match the {tiers['max_length']} the package was built for", "rebuild the package; do not edit max_length by hand")
+        self.chunked = str(opts.get("hybrid_opt_chunk_context", "0")) == "1"
+        self.chunk_size = int(search.get("chunk_size") or self.prefill_tiers[-1])
+        if self.chunk_size not in self.prefill_tiers:
+            raise PackageError(f"search.chunk_size {self.chunk_size} is not one of the prefill tiers {self.prefill_tiers}", "rebuild the package")
+        eos = self.genai["model"].get("eos_token_id", [])
+        self.eos_token_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+        pad = self.genai["model"].get("pad_token_id")
+        self.pad_token_id = int((pad[0] if isinstance(pad, list) else pad) or 0)
+
+        rai = self.files.json("rai_config.json", "rai_config", required=False) or {}
+        mpl = rai.get("max_prompt_length") or {}
+        self.sdk_version = sdk_version or header.get("release")
+        if mpl:
+            if self.sdk_version not in mpl:
+                raise PackageError(f"rai_config.json gives no max_prompt_length for Ryzen AI {self.sdk_version} (it lists {', '.join(sorted(mpl))})", "pass sdk_version= one of the listed versions")
+            self.max_prompt_length = min(int(mpl[self.sdk_version]), self.max_length)
+        else:
+            self.max_prompt_length = self.max_length
+        if not self.chunked:
+            self.max_prompt_length = min(self.max_prompt_length, self.prefill_tiers[-1])
+
+        # the graph: it must point into model.bin exactly where the header says
+        graph_name = dec.get("filename", "model.onnx")
+        graph_path = self.files.path(graph_name, "genai_config.json model.decoder.filename")
+        graph_bytes = self.files.read(graph_name, "genai_config.json model.decoder.filename", GRAPH_MAX_BYTES, "decoder graph")
+        try:
+            model = onnx.load_from_string(graph_bytes)
+        except Exception as err:  # protobuf's DecodeError and friends: the file is not an ONNX model
+            raise PackageError(f"{graph_path} cannot be parsed as an ONNX model ({type(err).__name__})", "rebuild the package; the file is truncated or corrupt") from None
+        wname = header.get("weights_file", "model.bin")
+        names, values = [], []
+        for t in model.graph.initializer:
+            ext = {e.key: e.value for e in t.external_data}
+            if ext.get("location") != wname:
+                continue
+            entry = self.weights.tensors.get(t.name)
+            offset, length = _offset_length(ext, f"{graph_path.name} (external data of tensor {t.name!r})")
+            if entry is None or offset != entry["offset"] or length != entry["size"] or list(t.dims) != entry["shape"]:
+                raise PackageError(f"{graph_path.name} and {header_name} disagree about tensor {t.name} (offset, length or shape)", "rebuild the package; model.onnx and model.pb.bin come from different builds")
+            names.append(t.name)
+            values.append(ort.OrtValue.ortvalue_from_numpy(self.weights.array(t.name)))
+        self._ort_values = values
+
+        # the plans
+        self.plans: dict[tuple[str, int], dict] = {}
+        header_sha = formats.sha256_hex(header_path.read_bytes())
+        graph_sha = formats.sha256_hex(graph_bytes)
+        model_dims = {k: self.dims[k] for k in ("layers", "kv_heads", "head_size", "vocab_size")}
+        for phase, tier_list in (("prefill", self.prefill_tiers), ("token", self.token_tiers)):
+            for tier in tier_list:
+                self.plans[(phase, tier)] = self._load_plan(phase, tier, header_sha, graph_sha, model_dims)
+
+        # every weights file as manifest.json recorded it, and the rest of the graph's external data in bounds
+        self.manifest_checked = manifest.result()
+        self._check_external_data(model, graph_path, wname)
+
+        so = ort.SessionOptions()
+        if threads is not None:
+            so.intra_op_num_threads = int(threads)
+            so.inter_op_num_threads = 1
+        so.add_external_initializers(names, values)
+        try:
+            self.session = ort.InferenceSession(str(graph_path), so, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's Fail/InvalidGraph/...: the graph does not load
+            raise PackageError(f"onnxruntime cannot load {graph_path}: {first_line(err)}", "rebuild the package; validate it with raipack validate") from None
+        ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
+        self.input_ids_name = ins.get("input_ids", "input_ids")
+        self.attention_mask_name = ins.get("attention_mask", "attention_mask")
+        self.logits_name = outs.get("logits", "logits")
+
+        # the static KV buffer: one region of max_length positions per layer for keys and for values
+        self._region = self.max_length * self.kv_heads * self.head_size
+        self._kv = np.zeros(2 * self.num_layers * self._region, np.float32)
+        self._ones = np.ones((1, self.max_length), np.int64)
+        self._logits = np.zeros((1, 1, self.vocab_size), np.float32)
+        self._binding = self.session.io_binding()
+        self._binding.bind_output(self.logits_name, "cpu", 0, np.float32, list(self._logits.shape), self._logits.ctypes.data)
+        self._window = 0
+        self._fast_lo = self._fast_hi = 0  # token steps ending in (lo, hi] reuse the bound tier
+        self._tok = np.zeros((1, 1), np.int64)
+        self._tok_value = ort.OrtValue.ortvalue_from_numpy(self._tok)
+        self._tok_value_bound = False
+        self._kv_values: list = []
+        self.filled = 0  # positions of the KV buffer that hold real tokens
+        self.calls: list[tuple[str, int, int]] = []  # (phase, tier, window) of every call since the last prefill
+
+    # ------------------------------------------------------------------ loading helpers
+
+    def _check_external_data(self, model, graph_path: Path, weights_name: str) -> None:
+        """Every tensor of the graph kept in a file other than `weights_name` (handed over from
+        model.bin already) names a file of the package and lies within it, before onnxruntime opens it."""
+        for t in _tensors(model.graph):
+            if t.data_location != 1:  # onnx.TensorProto.EXTERNAL
+                continue
+            ext = {e.key: e.value for e in t.external_data}
+            if ext.get("location") == weights_name:
+                continue
+            source = f"{graph_path.name} (external data of tensor {t.name!r})"
+            rel = self.files.name(ext.get("location"), source)
+            offset, length = _offset_length(ext, source)
+            size = self.files.size(rel)
+            if offset < 0 or (length is not None and (length < 0 or offset + length > size)) or offset > size:
+                raise PackageError(f"{self.pkg / rel} is {size} bytes, but tensor {t.name!r} of {graph_path.name} lies at bytes {offset}..{offset + (length or 0)}: the file is truncated or from another build",
+                                   "rebuild the package, or copy it again")
+
+    def _load_plan(self, phase: str, tier: int, header_sha: str, graph_sha: str, model_dims: dict) -> dict:
+        stem = formats.metastate_stem(phase, self.node, tier)
+        plan_path, state_path = self.pkg / f"{stem}.plan", self.pkg / f"{stem}.state"
+        for p in (plan_path, state_path):
+            if p.name not in self.files.scan.files:
+                raise PackageError(f"{p.name} is missing: the {phase} tier {tier} has no plan, so the package cannot run at that length", "rebuild the package; every tier needs its dd_metastate set")
+        plan_bytes = self.files.read(plan_path.name, "the tier list of model.pb.bin", JSON_MAX_BYTES, "metastate plan")
+        try:
+            state = formats.decode_state(self.files.read(state_path.name, "the tier list of model.pb.bin", JSON_MAX_BYTES, "metastate state"), state_path.name)
+        except FormatError as err:
+            raise PackageError(str(err), err.hint) from None
+        if state.get("plan_sha256") != formats.sha256_hex(plan_bytes):
+            raise PackageError(f"{plan_path.name} does not match the sha256 its .state records (the plan was edited or swapped)", "rebuild the package")
+        if state.get("header_sha256") != header_sha or state.get("graph_sha256") != graph_sha:
+            raise PackageError(f"{state_path.name} was written for another model.pb.bin or model.onnx", "rebuild the package; files from different builds were mixed")
+        try:
+            plan = json.loads(plan_bytes)
+        except (ValueError, RecursionError) as err:
+            raise PackageError(f"{plan_path.name} is not valid JSON ({err})", "rebuild the package") from None
+        problems = formats.plan_problems(plan, phase=phase, tier=tier, model=model_dims, max_length=self.max_length)
+        if problems:
+            raise PackageError(f"{plan_path.name} is inconsistent: {problems[0][1]}", "rebuild the package")
+        return plan
+
+    # ------------------------------------------------------------------ the KV window
+
+    def _window_for(self, end: int) -> int:
+        for t in self.token_tiers:
+            if t >= end:
+                return t
+        raise RuntimeRefusal(f"position {end} is beyond the package's maximum length of {self.max_length} tokens", self.max_length, end)
+
+    def _bind_window(self, window: int) -> None:
+        import onnxruntime as ort
+
+        if window == self._window:
+            return
+        plan = self.plans[("token", window)]
+        kv = plan["kv_cache"]
+        es = 4  # float32
+        if self._window and self.filled:
+            old, hs = self._window, self.head_size
+            order = list(reversed(range(self.kv_heads))) if window > old else list(range(self.kv_heads))
+            for b in kv["bindings"]:
+                base = b["offset"] // es
+                for h in order:  # growing: back to front, shrinking: front to back; never overwrites unread data
+                    src = self._kv[base + h * old * hs: base + h * old * hs + self.filled * hs]
+                    self._kv[base + h * window * hs: base + h * window * hs + self.filled * hs] = src.copy()
+        self._kv_values = []
+        for b in kv["bindings"]:
+            base = b["offset"] // es
+            view = self._kv[base: base + b["bytes"] // es].reshape(b["shape"])
+            value = ort.OrtValue.ortvalue_from_numpy(view)
+            self._kv_values.append((view, value))
+            self._binding.bind_ortvalue_input(b["past"], value)
+            self._binding.bind_ortvalue_output(b["present"], value)
+        self._window = window
+
+    # ------------------------------------------------------------------ one call
+
+    def _call(self, phase: str, tokens, seq: int):
+        """Runs `tokens` (real ids, len ≤ seq) padded to `seq` positions after `self.filled`."""
+        import numpy as np
+
+        n, past = len(tokens), self.filled
+        end = past + seq
+        if end > self.max_length:
+            raise RuntimeRefusal(f"{past + n} tokens padded to {end} positions do not fit the package's maximum length of {self.max_length}", self.max_length, end)
+        window = self._window_for(end)
+        tier = seq if phase == "prefill" else window
+        plan = self.plans[(phase, tier)]
+        if plan["sequence_length"] != seq or (phase == "token" and plan["kv_window"] != window) or (phase == "prefill" and past == 0 and plan["kv_window"] != window):
+            raise PackageError(f"the {phase} plan of tier {tier} does not describe this call ({seq} positions over a {window}-position window)", "rebuild the package")
+        self._bind_window(window)
+        if seq == n:
+            ids = np.asarray(tokens, np.int64).reshape(1, n)
+        else:
+            ids = np.full((1, seq), self.pad_token_id, np.int64)
+            ids[0, :n] = tokens
+        if n == seq:
+            mask = self._ones[:, :end]
+        else:
+            mask = np.ones((1, end), np.int64)
+            mask[0, past + n:] = 0
+        self._binding.bind_cpu_input(self.input_ids_name, ids)
+        self._binding.bind_cpu_input(self.attention_mask_name, mask)
+        self.session.run_with_iobinding(self._binding)
+        self.filled = past + n
+        self.calls.append((phase, tier, window))
+        return self._logits[0, 0]
+
+    def prefill(self, prompt_ids: Sequence[int]):
+        """Resets the KV buffer and runs the prompt; returns the last prompt token's logits row (a view)."""
+        import numpy as np
+
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        n = int(ids.size)
+        if n == 0:
+            raise RuntimeRefusal("the prompt is empty; give at least one token id", self.max_prompt_length, 0)
+        if n > self.max_prompt_length:
+            raise RuntimeRefusal(f"the prompt of {n} tokens exceeds the package's maximum prompt length of {self.max_prompt_length} tokens (rai_config.json, Ryzen AI {self.sdk_version})", self.max_prompt_length, n)
+        self.filled, self._window, self._fast_hi = 0, 0, 0
+        self.calls.clear()
+        if n <= self.prefill_tiers[-1]:
+            chunks = [ids]
+        else:  # only reachable with chunked prefill (max_prompt_length is capped otherwise)
+            chunks = [ids[s: s + self.chunk_size] for s in range(0, n, self.chunk_size)]
+        row = None
+        for chunk in chunks:
+            tier = next(t for t in self.prefill_tiers if t >= chunk.size)
+            row = self._call("prefill", chunk, tier)
+        return row
+
+    def step(self, token: int):
+        """Runs one generated token after the current sequence; returns its logits row (a view)."""
+        end = self.filled + 1
+        if not self._fast_lo < end <= self._fast_hi:  # another tier (or the first step): full checks and binding
+            row = self._call("token", [int(token)], 1)
+            lower = [t for t in self.token_tiers if t < self._window]
+            self._fast_lo, self._fast_hi = (lower[-1] if lower else 0), self._window
+            self._tok_value_bound = False
+            return row
+        # the fast path: same window, same plan; only the token and the mask length change
+        self._tok[0, 0] = token
+        if not self._tok_value_bound:
+            self._binding.bind_ortvalue_input(self.input_ids_name, self._tok_value)
+            self._tok_value_bound = True
+        self._binding.bind_cpu_input(self.attention_mask_name, self._ones[:, :end])
+        self.session.run_with_iobinding(self._binding)
+        self.filled = end
+        self.calls.append(("token", self._window, self._window))
+        return self._logits[0, 0]
+
+    # ------------------------------------------------------------------ public API
+
+    def logits_for(self, prompt_ids: Sequence[int]):
+        """Logits [vocab] (float32) of the last prompt token."""
+        return self.prefill(prompt_ids).copy()
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int, *, stop_at_eos: bool = False, return_logits: bool = False):
+        """Greedy decoding: `max_new_tokens` new token ids (fewer with `stop_at_eos` after an EOS id).
+        With `return_logits`, returns (tokens, the logits row each token was chosen from)."""
+        import numpy as np
+
+        n = len(input_ids)
+        if max_new_tokens < 1:
+            raise RuntimeRefusal(f"max_new_tokens is {max_new_tokens}; ask for at least one token", None, max_new_tokens)
+        if n + max_new_tokens > self.max_length:
+            raise RuntimeRefusal(f"{n} prompt tokens plus {max_new_tokens} new tokens exceed the package's maximum length of {self.max_length} tokens", self.max_length, n + max_new_tokens)
+        row = self.prefill(input_ids)
+        tokens, rows = [], []
+        for i in range(int(max_new_tokens)):
+            tok = int(np.argmax(row))
+            tokens.append(tok)
+            if return_logits:
+                rows.append(row.copy())
+            if (stop_at_eos and tok in self.eos_token_ids) or i == max_new_tokens - 1:
+                break
+            row = self.step(tok)
+        return (tokens, rows) if return_logits else tokens
+
+
+def _tensors(graph):
+    """Every TensorProto of an ONNX graph: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _tensors(g)
+
+
+def _offset_length(ext: dict, source: str) -> tuple[int, int | None]:
+    """(offset, length or None) of an external data entry; PackageError when they are not whole numbers."""
+    try:
+        return int(ext.get("offset", 0)), (int(ext["length"]) if "length" in ext else None)
+    except ValueError:
+        raise PackageError(f"{source} has offset {ext.get('offset')!r} and length {ext.get('length')!r}; expected whole numbers", "rebuild the package") from None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_header_fields(header: dict, path: Path) -> None:
+    """The header fields the runtime reads: model dimensions and tiers, as positive integers."""
+    dims, tiers = header.get("model"), header.get("tiers")
+    ok = (isinstance(dims, dict) and all(_count(dims.get(k)) for k in ("layers", "kv_heads", "head_size", "vocab_size"))
+          and isinstance(tiers, dict) and isinstance(tiers.get("node"), str) and _count(tiers.get("max_length"))
+          and all(isinstance(tiers.get(k), list) and tiers[k] and all(_count(t) for t in tiers[k]) for k in ("prefill", "token")))
+    if not ok:
+        raise PackageError(f"{path} does not give the model's dimensions (model.layers, kv_heads, head_size, vocab_size) and tiers (tiers.prefill, token, node, max_length) as positive integers",
+                           "rebuild the package")

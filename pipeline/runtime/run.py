@@ -1,0 +1,69 @@
+"""`raipack run`: one prompt through the reference runtime, the way the NPU runtime would run it.
+
+Exit codes: 0 answered; 1 the package cannot be run (a file missing, corrupt, changed since the
+build or outside the package; the prompt longer than the package takes); 2 usage error (PACKAGE
+is not a folder, the prompt is not UTF-8 text, a bad option).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.errors import RaipackError, UsageError
+
+# Unusual values in a package's files that the runtime's own checks did not name: still one sentence.
+LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, MemoryError, RecursionError)
+
+
+def utf8_prompt(prompt: str) -> str:
+    """The prompt, refused (UsageError) when the command line gave bytes that are not UTF-8."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        ch = prompt[exc.start]
+        byte = f"byte 0x{ord(ch) - 0xDC00:02x}" if 0xDC80 <= ord(ch) <= 0xDCFF else f"character U+{ord(ch):04X}"
+        raise UsageError(f"the prompt is not valid UTF-8 text ({byte} at position {exc.start})", "pass the prompt as UTF-8 text") from None
+    return prompt
+
+
+@dataclass
+class Answer:
+    text: str
+    notes: list[str]  # for stderr: what was not checked
+    stats: str  # for stderr: the backend, lengths and speed
+
+
+def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: int | None, sdk_version: str | None) -> Answer:
+    from pipeline.core.env import OFFLINE
+
+    os.environ.update(OFFLINE)
+    if not Path(package).is_dir():
+        raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
+    prompt = utf8_prompt(prompt)
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime, RuntimeRefusal
+    from pipeline.runtime.trust import first_line
+    from pipeline.runtime.chat import chat_ids, load_tokenizer, timed_generate
+
+    try:
+        try:
+            runtime = ReferenceRuntime(package, threads=threads, sdk_version=sdk_version)
+        except LOAD_ERRORS as exc:
+            raise RaipackError(f"{package} cannot be run: a value in its files is not what the reference runtime expects ({first_line(exc)})",
+                               "check it with raipack validate --verify-hashes, and rebuild it") from None
+        runtime.files.check_sizes(("tokenizer", "chat_template"), "tokenizer file")
+        tok = load_tokenizer(Path(package))
+        ids = chat_ids(tok, prompt, chat=not raw)
+        if len(ids) + max_new_tokens > runtime.max_length:
+            max_new_tokens = max(1, runtime.max_length - len(ids))
+        out = timed_generate(runtime, ids, max_new_tokens)
+    except RuntimeRefusal as exc:
+        raise RaipackError(str(exc), "shorten the prompt, or pass --sdk-version for a release with a larger limit") from None
+    except PackageError as exc:
+        raise RaipackError(str(exc), exc.hint) from None
+    notes = [] if runtime.manifest_checked else [
+        f"note: {Path(package) / 'manifest.json'} is missing, so the weights files were not checked against the hashes of the build"]
+    tokens = [t for t in out.tokens if t not in runtime.eos_token_ids]
+    stats = f"[cpu-reference] {len(ids)} prompt tokens, first token {out.ttft * 1000:.0f} ms, {len(out.tokens)} tokens at {out.decode_tps:.1f} tok/s"
+    return Answer(tok.decode(tokens, skip_special_tokens=True).strip(), notes, stats)

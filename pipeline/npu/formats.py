@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -438,18 +437,7 @@ def decode_const(data: bytes, name: str = "const") -> dict:
     return _decode_doc(CONST_MAGIC, CONST_PREAMBLE, data, name, "descriptor")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------- the plan builder
-
-
-def _ptr(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")
 
 
 def build_plan(*, phase: str, tier: int, seq: int, window: int, max_length: int, node: str, model: dict,

@@ -90,11 +90,6 @@ def _header(ctx):
     return ref
 
 
-def _tiers(header: dict) -> list[tuple[str, int]]:
-    t = header.get("tiers") or {}
-    return [("prefill", int(x)) for x in t.get("prefill") or []] + [("token", int(x)) for x in t.get("token") or []]
-
-
 @check("RP901", "npu-header")
 def npu_header(ctx):
     """A raipack `model.pb.bin` parses (magic, version, length, the sha256 of

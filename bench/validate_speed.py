@@ -7,7 +7,6 @@ from __future__ import annotations
 import builtins
 import io
 import os
-import resource
 import subprocess
 import sys
 import tempfile

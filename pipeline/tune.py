@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.npu import profile as profiles
 from pipeline.checks import run_checks
 from pipeline.checks.advice import prompt_limit, sdk_version
 from pipeline.checks.buckets import tiers_present
@@ -29,6 +28,7 @@ from pipeline.checks.provider import pow2_ceil, pow2_floor
 from pipeline.core.errors import RaipackError, UsageError
 from pipeline.core.output import atomic_write_bytes
 from pipeline.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json
+from pipeline.npu import profile as profiles
 from pipeline.validate import open_package
 
 GENAI = "genai_config.json"

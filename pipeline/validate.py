@@ -6,11 +6,11 @@ import os
 import time
 from pathlib import Path
 
-from pipeline.npu import profile as profiles
 from pipeline.checks import Context, run_checks
 from pipeline.core.errors import NothingToValidate, UsageError
 from pipeline.core.findings import Result
 from pipeline.core.package import Package
+from pipeline.npu import profile as profiles
 
 MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
 

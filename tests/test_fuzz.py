@@ -31,7 +31,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import traceback
 from pathlib import Path
 

@@ -14,8 +14,8 @@ from functools import cached_property
 from typing import Callable, Iterable
 
 from pipeline.core.findings import Finding
-from pipeline.npu.genai import ryzenai_options
 from pipeline.core.package import Package
+from pipeline.npu.genai import ryzenai_options
 
 MODULES = ("files", "jsonfiles", "quant", "provider", "consistency", "buckets", "graph", "manifest", "npu_format", "advice")
 

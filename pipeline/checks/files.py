@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 
-from pipeline.core.package import SCAN
 from pipeline.checks import check
+from pipeline.core.package import SCAN
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
 

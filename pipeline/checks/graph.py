@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pipeline.checks import check
 from pipeline.core import protowire, schemas
 from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
-from pipeline.checks import check
 from pipeline.npu import contract as contract
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.ryzenai", "com.amd", "ai.raipack"}

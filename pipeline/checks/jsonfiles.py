@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from pipeline.checks import check
 from pipeline.core import schemas
 from pipeline.core.package import JsonError
-from pipeline.checks import check
 
 # file role → schema name (schemas/<name>.schema.json)
 SCHEMA_OF_ROLE = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from pipeline.core.hashing import sha256_many
 from pipeline.checks import check
+from pipeline.core.hashing import sha256_many
 
 MANIFEST = "manifest.json"
 

@@ -221,7 +221,7 @@ def fused_graph(ctx):
             if why:
                 yield ctx.finding(grel, f"fused node {n.name}: its {inner.name} MatMulNBits breaks the NPU constraints of profile {ctx.profile['id']}: " + ", ".join(why), "quantize with a group size the profile allows", n.name)
     for name in sorted(set(ops) - seen):
-        yield ctx.finding(rel, f"lists operator {name}, which is not a node of {grel}", "rebuild the package", f"/operators")
+        yield ctx.finding(rel, f"lists operator {name}, which is not a node of {grel}", "rebuild the package", "/operators")
     wrel = doc.get("weights_file", "model.bin")
     for t in model.graph.initializer:
         ext = {e.key: e.value for e in t.external_data}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pipeline.checks import check
 from pipeline.data import load_data
 from pipeline.npu.genai import provider_names
-from pipeline.checks import check
 
 GENAI = "genai_config.json"
 

@@ -15,7 +15,6 @@ from pipeline import __version__
 from pipeline.core.errors import RaipackError
 
 
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="raipack")
 def cli():

@@ -13,7 +13,6 @@ from pipeline.core.errors import NothingToValidate
 from pipeline.core.output import atomic_write_text, use_color
 
 
-
 def _ids(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in (value or "").split(",") if v.strip())
 
@@ -61,8 +60,8 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(path, profile, as_json):
     """Summarise a package: profile, files, quantization, options, buckets, limits."""
-    from pipeline.summary import render, summary
     from pipeline.core.textsafe import safe_tree
+    from pipeline.summary import render, summary
 
     data = summary(path, profile)
     if as_json:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.data import load_data
 from pipeline.core.findings import Finding
+from pipeline.data import load_data
 
 LFS_MAGIC = b"version https://git-lfs.github.com/spec/"
 LFS_MAX_SIZE = 1024  # real pointers are ~130 bytes

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.data import load_data
 from pipeline.core.errors import UsageError
+from pipeline.data import load_data
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ export and its checks agree on one reading.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 import stat

@@ -9,8 +9,8 @@ from functools import lru_cache
 from importlib import resources
 
 from pipeline.core.errors import UsageError
-from pipeline.npu.genai import ryzenai_options
 from pipeline.core.package import Package
+from pipeline.npu.genai import ryzenai_options
 
 PROFILE_PACKAGE = "pipeline.profiles"
 

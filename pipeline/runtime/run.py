@@ -42,9 +42,9 @@ def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: 
     if not Path(package).is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
     prompt = utf8_prompt(prompt)
+    from pipeline.runtime.chat import chat_ids, load_tokenizer, timed_generate
     from pipeline.runtime.reference import PackageError, ReferenceRuntime, RuntimeRefusal
     from pipeline.runtime.trust import first_line
-    from pipeline.runtime.chat import chat_ids, load_tokenizer, timed_generate
 
     try:
         try:

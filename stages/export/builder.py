@@ -21,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
-
 from pipeline.core.errors import RaipackError
+from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
 from stages.source.gguf import atomic_replace_dir
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with

@@ -28,13 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.npu import profile as profiles
 from pipeline.checks.provider import is_power_of_two, pow2_floor
 from pipeline.core.errors import RaipackError
-from stages.source.gguf import atomic_replace_dir
-
 from pipeline.npu import formats
+from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
+from stages.source.gguf import atomic_replace_dir
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
 CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -411,10 +410,10 @@ def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findi
         "## Contents", "",
         f"- Quantization: {w.get('dtype', 'uint4')}, group size {w.get('group_size', '?')}, "
         f"{'symmetric' if w.get('symmetric') else 'asymmetric'} (Quark; `config.json` keeps its `quantization_config`).",
-        f"- Fused operators (domain `ai.raipack`, each an ONNX local function): " + ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items())) + ".",
+        "- Fused operators (domain `ai.raipack`, each an ONNX local function): " + ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items())) + ".",
         f"- Maximum length {L['max_length']} tokens; prefill tiers {L['prefill']}; token tiers {L['token']}; "
         f"chunked prefill {'on (chunk ' + str(L['chunk_size'] or L['npu_seq']) + ')' if L['chunked'] else 'off'}.",
-        f"- Longest prompt per Ryzen AI version (`rai_config.json`): " + ", ".join(f"{v}: {n}" for v, n in sorted(L["max_prompt_length"].items())) + ".",
+        "- Longest prompt per Ryzen AI version (`rai_config.json`): " + ", ".join(f"{v}: {n}" for v, n in sorted(L["max_prompt_length"].items())) + ".",
         f"- `model.bin` {written.get('model.bin', 0)} bytes (NPU side), `model.onnx.data` {written.get('model.onnx.data', 0)} bytes (CPU side).",
     ]
     left = [n for n in fg.cpu_nodes if n["why"] == "not fused"]

@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.data import load_data
 from pipeline.core.errors import RaipackError, UsageError
-
+from pipeline.data import load_data
 from stages.quantize.quark_awq import _text_config
 
 ENV_LIMIT = "RAIPACK_MEMORY_LIMIT"

@@ -8,7 +8,6 @@ from typing import Literal
 
 from pipeline.core.errors import RaipackError, UsageError
 from pipeline.core.stage import Job, Stage
-
 from stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"

@@ -86,8 +86,8 @@ def find_provider_library(untrusted=()) -> tuple[Path | None, str]:
 
 def package_problem(pkg: Path) -> str:
     """Why the package cannot be handed to onnxruntime-genai without loading something it names ("" if it can)."""
-    from pipeline.npu.genai import provider_names
     from pipeline.core.package import JsonError, Package
+    from pipeline.npu.genai import provider_names
 
     files = Package.scan(pkg)
     bad = [f for f in files.scan_findings if f.severity == "error"]

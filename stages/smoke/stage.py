@@ -31,10 +31,9 @@ def tier_prompt(tokenizer, length: int) -> list[int]:
 
 
 def run(job: Job) -> dict:
-    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
-    from pipeline.runtime.ortloop import OrtDecoder
-
     from pipeline.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
+    from pipeline.runtime.ortloop import OrtDecoder
+    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
     from stages.smoke.npu import try_npu
 
     cfg: SmokeConfig = job.config

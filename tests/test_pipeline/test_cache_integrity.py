@@ -16,11 +16,11 @@ import pytest
 
 import fake_stages
 from pipeline.build import cache, staging
-from pipeline.core import manifest
-from pipeline.cli import main
 from pipeline.build.progress import Progress
 from pipeline.build.recipe import load
 from pipeline.build.runner import build
+from pipeline.cli import main
+from pipeline.core import manifest
 
 PKG = "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
 KEY = "0123456789abcdef0123456789abcdef"

@@ -12,10 +12,10 @@ from factory import Dims, lfs_pointer_text, make_graph, reference_export, save_g
 from helpers import edit_json, ryzen
 from pipeline.checks import load_all
 from pipeline.cli import main
+from pipeline.npu import formats
 from pipeline.npu.profile import all_profiles
 from pipeline.npu.profile import get as get_profile
 from pipeline.validate import validate
-from pipeline.npu import formats
 
 P16, P4, P16_OLD = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.6-npu"
 GENAI = "genai_config.json"

@@ -11,8 +11,8 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from helpers import edit_json, ryzen
-from pipeline.core import schemas
 from pipeline.cli import main
+from pipeline.core import schemas
 
 P16 = "1.8.0-npu-16K"
 

@@ -20,10 +20,10 @@ import pytest
 
 from factory import lfs_pointer_text
 from helpers import edit_json
-from pipeline.core import gitread
 from pipeline.checks import load_all
 from pipeline.checks.manifest import lfs_oids_from_git
 from pipeline.cli import main
+from pipeline.core import gitread
 from pipeline.validate import open_package, validate
 
 P16 = "1.8.0-npu-16K"

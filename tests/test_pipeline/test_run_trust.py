@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import edit_json, ryzen
-from test_stages.conftest_export import tiny_quark  # noqa: F401  (fixture used by name; shared under xdist)
 
+from helpers import edit_json, ryzen
 from pipeline.cli import main
+from test_stages.conftest_export import tiny_quark  # noqa: F401  (fixture used by name; shared under xdist)
 
 PROMPT = "What is the capital of France?"
 

@@ -17,10 +17,10 @@ import pytest
 
 import fake_stages
 from pipeline.build import cache
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError, UsageError
 from pipeline.build.recipe import load
 from pipeline.build.runner import StageFailed, build
+from pipeline.core import manifest
+from pipeline.core.errors import RaipackError, UsageError
 from pipeline.validate import validate
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from pipeline.core import manifest
 from pipeline.build import swap
+from pipeline.core import manifest
 
 
 def finished(folder, text):

@@ -7,13 +7,12 @@ import os
 import pickle
 import time
 
+import numpy as np
 import pytest
 
-import numpy as np
-
 from factory import write_safetensors
-from pipeline.core.errors import UsageError
 from pipeline.build.inputs import check_model_dir
+from pipeline.core.errors import UsageError
 from pipeline.validate import validate
 
 

@@ -104,8 +104,8 @@ def test_export_replaces_existing_folder_and_rejects_non_quark(tiny_quark, tmp_p
 
 
 def test_hybrid_profile_export_runs_with_position_ids(tiny_quark, tmp_path, oga_default):
-    from stages.export.builder import PROFILES, export
     from pipeline.runtime.ortloop import OrtDecoder
+    from stages.export.builder import PROFILES, export
 
     out = tmp_path / "hybrid"
     export(tiny_quark.quark_dir, out, **PROFILES["hybrid"])

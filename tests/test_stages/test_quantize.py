@@ -30,7 +30,6 @@ from stages.quantize.quark_awq import (
 )
 
 
-
 def config_of(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 

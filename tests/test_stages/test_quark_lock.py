@@ -7,7 +7,6 @@ lock logic with stand-in processes; the slow one kills a real compile and import
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess

@@ -10,8 +10,8 @@ import types
 from pathlib import Path
 
 import pytest
-from helpers import edit_json
 
+from helpers import edit_json
 from pipeline.core.errors import RaipackError
 from pipeline.validate import validate
 from stages.fuse import sdk

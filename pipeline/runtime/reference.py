@@ -325,10 +325,6 @@ class ReferenceRuntime:
 
     # ------------------------------------------------------------------ public API
 
-    def logits_for(self, prompt_ids: Sequence[int]):
-        """Logits [vocab] (float32) of the last prompt token."""
-        return self.prefill(prompt_ids).copy()
-
     def generate(self, input_ids: Sequence[int], max_new_tokens: int, *, stop_at_eos: bool = False, return_logits: bool = False):
         """Greedy decoding: `max_new_tokens` new token ids (fewer with `stop_at_eos` after an EOS id).
         With `return_logits`, returns (tokens, the logits row each token was chosen from)."""

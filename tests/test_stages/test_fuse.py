@@ -1,6 +1,6 @@
 """Fuse stage, reference backend: the fused package, its formats, its runtime and its checks.
 
-The model is conftest_export's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
+The model is tests/shared_fixtures.py's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
 exported by the OGA builder with a 16384-position context so both reference profiles apply as they
 are. Parity is against the plain onnxruntime loop over the unfused export (stages/ortloop.py, itself
 checked against onnxruntime-genai): 64 greedy tokens identical and logits within 1e-3, at a prompt
@@ -12,17 +12,13 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from conftest_export import TRAIN_TEXT, oga_default, tiny_quark  # noqa: E402,F401  (fixtures used by name)
-
-from pipeline.npu import formats  # noqa: E402
+from pipeline.npu import formats
+from shared_fixtures import TRAIN_TEXT
 
 STEPS = 64
 TOL = 1e-3
@@ -244,15 +240,21 @@ def test_npu_checks_are_noops_on_other_packages(make_pkg):
         assert not [f for f in result.findings if f.check_id.startswith("RP9")], pid
 
 
-def test_fuse_replaces_output_atomically(packages, oga16k, tmp_path):
+def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path):
+    """fuse() writes into its folder and nothing beside it; staging and swapping are the runner's."""
+    from pipeline.core.errors import RaipackError
     from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import FuseError, fuse
 
     out = tmp_path / "pkg"
     out.mkdir()
     (out / "stale.txt").write_text("old")
+    with pytest.raises(RaipackError, match="pkg is not an empty folder"):
+        fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]  # nothing of the user's replaced
+    (out / "stale.txt").unlink()
     fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
-    assert not (out / "stale.txt").exists() and (out / "model.bin").is_file()
+    assert (out / "model.bin").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
     bad = copy.deepcopy(get_profile("reference-4K"))
     bad["genai"]["search"]["chunk_size"] = 300
     with pytest.raises(FuseError, match="chunk_size 300, which is not one of its prefill tiers"):
@@ -369,10 +371,10 @@ def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
     assert calls[:2] == [("prefill", 256, 512), ("prefill", 128, 512)]
 
 
-def test_logits_for_matches_reference(runtimes, reference, prompt_ids):
+def test_prefill_logits_match_reference(runtimes, reference, prompt_ids):
     prompt = prompt_ids(33)
     _, rows = reference(prompt)
-    got = runtimes["reference-4K"].logits_for(prompt)
+    got = runtimes["reference-4K"].prefill(prompt)
     assert got.shape == (512,) and np.abs(got - rows[0]).max() <= TOL
 
 
@@ -389,11 +391,11 @@ def test_refusals_are_one_sentence(runtimes, prompt_ids, packages):
     with pytest.raises(RuntimeRefusal, match=r"4000 prompt tokens plus 200 new tokens exceed the package's maximum length of 4096"):
         rt4.generate(prompt_ids(4000), 200)
     with pytest.raises(RuntimeRefusal, match="empty"):
-        rt4.logits_for([])
+        rt4.prefill([])
     old = ReferenceRuntime(packages["reference-4K"][0], threads=1, verify="sizes", sdk_version="1.5.1")
     assert old.max_prompt_length == 2048
     with pytest.raises(RuntimeRefusal, match="maximum prompt length of 2048 tokens"):
-        old.logits_for(prompt_ids(2049))
+        old.prefill(prompt_ids(2049))
 
 
 # ------------------------------------------------------------------------------------ corruption

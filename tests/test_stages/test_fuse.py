@@ -1,6 +1,6 @@
 """Fuse stage, reference backend: the fused package, its formats, its runtime and its checks.
 
-The model is tests/shared_fixtures.py's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
+The model is conftest_export's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
 exported by the OGA builder with a 16384-position context so both reference profiles apply as they
 are. Parity is against the plain onnxruntime loop over the unfused export (stages/ortloop.py, itself
 checked against onnxruntime-genai): 64 greedy tokens identical and logits within 1e-3, at a prompt
@@ -12,13 +12,17 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.npu import formats
-from shared_fixtures import TRAIN_TEXT
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest_export import TRAIN_TEXT, oga_default, tiny_quark  # noqa: E402,F401  (fixtures used by name)
+
+from pipeline.npu import formats  # noqa: E402
 
 STEPS = 64
 TOL = 1e-3
@@ -240,21 +244,15 @@ def test_npu_checks_are_noops_on_other_packages(make_pkg):
         assert not [f for f in result.findings if f.check_id.startswith("RP9")], pid
 
 
-def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path):
-    """fuse() writes into its folder and nothing beside it; staging and swapping are the runner's."""
-    from pipeline.core.errors import RaipackError
+def test_fuse_replaces_output_atomically(packages, oga16k, tmp_path):
     from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import FuseError, fuse
 
     out = tmp_path / "pkg"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    with pytest.raises(RaipackError, match="pkg is not an empty folder"):
-        fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
-    assert [p.name for p in out.iterdir()] == ["stale.txt"]  # nothing of the user's replaced
-    (out / "stale.txt").unlink()
     fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
-    assert (out / "model.bin").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+    assert not (out / "stale.txt").exists() and (out / "model.bin").is_file()
     bad = copy.deepcopy(get_profile("reference-4K"))
     bad["genai"]["search"]["chunk_size"] = 300
     with pytest.raises(FuseError, match="chunk_size 300, which is not one of its prefill tiers"):

@@ -117,12 +117,6 @@ def tokenize_texts(
     ]
 
 
-def load_calibration(path: Path | None, tokenizer: Any, num_samples: int, seq_len: int) -> list[Any]:
-    """Calibration samples from ``path`` (.txt or .jsonl), or the bundled corpus when ``None``."""
-    path = DEFAULT_CALIBRATION if path is None else Path(path)
-    return tokenize_texts(read_texts(path), tokenizer, num_samples, seq_len, source=str(path))
-
-
 def heldout_text() -> str:
     """The held-out paragraphs used for perplexity (never used for calibration)."""
     return HELDOUT.read_text(encoding="utf-8")

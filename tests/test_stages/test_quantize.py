@@ -16,8 +16,8 @@ from stages.quantize.calibration import (
     DEFAULT_CALIBRATION,
     HELDOUT,
     CalibrationError,
-    load_calibration,
     read_texts,
+    tokenize_texts,
 )
 from stages.quantize.quark_awq import (
     GroupSizeError,
@@ -400,17 +400,23 @@ def test_bundled_corpus_sizes():
         assert para[:80] not in calib
 
 
-def test_load_calibration_txt_and_jsonl(tiny_tokenizer, tmp_path):
+def _calibration_samples(path, tokenizer, num_samples: int, seq_len: int):
+    """Calibration samples as the quantize stage makes them: a file's texts (or the bundled corpus) tokenized."""
+    path = DEFAULT_CALIBRATION if path is None else path
+    return tokenize_texts(read_texts(path), tokenizer, num_samples, seq_len, source=str(path))
+
+
+def test_calibration_samples_txt_and_jsonl(tiny_tokenizer, tmp_path):
     import torch
 
-    samples = load_calibration(None, tiny_tokenizer, 4, 64)
+    samples = _calibration_samples(None, tiny_tokenizer, 4, 64)
     assert len(samples) == 4
     assert all(s.dtype == torch.long and tuple(s.shape) == (1, 64) for s in samples)
     assert len({tuple(s[0, :8].tolist()) for s in samples}) == 4  # spread over the corpus
 
     jl = tmp_path / "c.jsonl"
     jl.write_text("\n".join(json.dumps({"text": p}) for p in read_texts(DEFAULT_CALIBRATION)[:10]) + "\n\n")
-    assert len(load_calibration(jl, tiny_tokenizer, 2, 32)) == 2
+    assert len(_calibration_samples(jl, tiny_tokenizer, 2, 32)) == 2
 
 
 @pytest.mark.parametrize(
@@ -429,13 +435,13 @@ def test_calibration_errors_name_file_and_line(tmp_path, tiny_tokenizer, name, c
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(CalibrationError, match=pattern):
-        load_calibration(path, tiny_tokenizer, 1, 4)
+        _calibration_samples(path, tiny_tokenizer, 1, 4)
 
 
 def test_calibration_missing_file_and_too_little_text(tmp_path, tiny_tokenizer):
     with pytest.raises(CalibrationError, match=r"nope\.txt: calibration file not found"):
-        load_calibration(tmp_path / "nope.txt", tiny_tokenizer, 1, 4)
+        _calibration_samples(tmp_path / "nope.txt", tiny_tokenizer, 1, 4)
     small = tmp_path / "small.txt"
     small.write_text("A few words only.\n")
     with pytest.raises(CalibrationError, match=r"small\.txt: \d+ tokens give 0 windows of 512 tokens, 2 samples"):
-        load_calibration(small, tiny_tokenizer, 2, 512)
+        _calibration_samples(small, tiny_tokenizer, 2, 512)

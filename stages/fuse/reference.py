@@ -2,7 +2,7 @@
 1.8 NPU packages, in raipack's open formats (docs/formats.md).
 
 `fuse(export_dir, out_dir, profile)` reads the export's graph without its weights, rewrites it
-(stages/fuse/graph.py), checks the NPU constraints the profile knows before writing anything, then
+(stages/fuse/graph/), checks the NPU constraints the profile knows before writing anything, then
 writes into a staging folder beside `out_dir` and renames it into place:
 
     model.onnx         the fused graph: nodes of domain ai.raipack with their local functions
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pipeline.checks.provider import is_power_of_two, pow2_floor
 from pipeline.core.errors import RaipackError
+from pipeline.core.findings import Finding
 from pipeline.npu import formats
 from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
@@ -167,12 +168,12 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     context = int(genai["model"].get("context_length") or 0) or None
     profile = profiles.for_model(profile, genai["model"].get("type"))
     L = lengths_for(profile, context)
-    findings: list[dict] = []
+    findings: list[Finding] = []
     if not is_power_of_two(L["npu_seq"]):
-        findings.append({"check_id": "fuse-lengths", "severity": "error", "path": "genai_config.json", "pointer": "/model/decoder/session_options",
-                         "message": f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be", "hint": "make the profile's largest prefill tier a power of two"})
+        findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be",
+                                "make the profile's largest prefill tier a power of two", "/model/decoder/session_options"))
 
-    from stages.fuse.graph import DOMAIN, Constraints, ShapeError, _attr_value, fuse_graph, static_schedule
+    from stages.fuse.graph import DOMAIN, Constraints, ShapeError, attr_value, fuse_graph, static_schedule
 
     try:
         fg = fuse_graph(model, genai, Constraints.from_profile(profile))
@@ -187,8 +188,8 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
                         "pass quark_dir (the quantize stage's output folder)")
     model_config = json.loads(config_src.read_text("utf-8"))
     if (model_config.get("quantization_config") or {}).get("quant_method") != "quark" and profile["quantization"].get("config_json") == "quark":
-        findings.append({"check_id": "fuse-config", "severity": "error", "path": "config.json", "pointer": "/quantization_config",
-                         "message": f"{config_src} has no Quark quantization_config; profile {profile['id']} packages keep it", "hint": "pass the Quark export folder as quark_dir"})
+        findings.append(Finding("fuse-config", "error", "config.json", f"{config_src} has no Quark quantization_config; profile {profile['id']} packages keep it",
+                                "pass the Quark export folder as quark_dir", "/quantization_config"))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
@@ -269,7 +270,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         cache = stage / "cache"
         cache.mkdir()
         for f, op in zip(fg.fused, operators):
-            attrs = {ref: _attr_value(a) for ref, a in f.attrs.items()}
+            attrs = {ref: attr_value(a) for ref, a in f.attrs.items()}
             desc = formats.encode_const({"format": "raipack-node-descriptor", "format_version": 1, "node": f.name, "op_type": f.op_type,
                                          "layer": f.layer, "attrs": attrs, "inputs": f.inputs, "outputs": f.outputs,
                                          "tensors": [{k: t[k] for k in ("role", "name", "offset", "size", "dtype", "shape")} for t in op["tensors"]],
@@ -357,8 +358,8 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         "bytes_written": sum(written.values()),
         "files": written,
         "lengths": L,
-        "findings": findings,
-        "npu_complete": not any(f["severity"] == "error" for f in findings),
+        "findings": [f.to_dict() for f in findings],
+        "npu_complete": not any(f.severity == "error" for f in findings),
         "summary": f"{len(fg.fused)} fused nodes, {len(L['prefill'])} prefill + {len(L['token'])} token tiers, max_length {L['max_length']}",
     }
 
@@ -419,7 +420,7 @@ def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findi
     left = [n for n in fg.cpu_nodes if n["why"] == "not fused"]
     if left or findings:
         lines += ["", "## Not on the NPU", ""]
-        lines += [f"- {f['severity']}: {f['message']}" for f in findings]
+        lines += [f"- {f.severity}: {f.message}" for f in findings]
     lines += ["", "## Run it", "", "```python", "from pipeline.runtime.reference import ReferenceRuntime",
               "rt = ReferenceRuntime(\"<this folder>\")", "tokens = rt.generate(prompt_ids, max_new_tokens=64)", "```", ""]
     return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""The fixed chain of one decoder layer of an OGA export, as four groups of member nodes.
+
+`match_layer` starts at a layer's GroupQueryAttention and walks to its neighbours: the RMS norm and
+Q/K/V projections before it (`RMSNormQKV`, `SkipRMSNormQKV`, `...Split`), the attention itself
+(`GQARope`), o_proj with the post-attention norm (`OProjSkipRMSNorm`) and the SiLU gated MLP
+(`SiluGatedMLP`). A group is (op_type, members, labels); the walk stops at the first link that is not
+the expected one and says why.
+"""
+
+from __future__ import annotations
+
+from stages.fuse.graph.model import Graph, attr
+
+Group = tuple[str, list, list]
+
+
+def match_layer(g: Graph, gqa) -> tuple[list[Group], str]:
+    """The four groups of one layer as (op_type, members, labels), and why the walk stopped early ("" if it did not)."""
+    qkv, why = _qkv_group(g, gqa)
+    if qkv is None:
+        return [], why
+    groups = [qkv, ("GQARope" if attr(gqa, "do_rotary", 0) else "GQA", [gqa], ["attn"])]
+    o_proj, why = _o_proj_group(g, gqa)
+    if o_proj is None:
+        return groups, why
+    groups.append(o_proj)
+    mlp, why = _mlp_group(g, o_proj[1][1])
+    if mlp is None:
+        return groups, why
+    groups.append(mlp)
+    return groups, ""
+
+
+def _qkv_group(g: Graph, gqa) -> tuple[Group | None, str]:
+    q, k, v = (list(gqa.input) + ["", "", ""])[:3]
+    if k == "" and v == "":
+        projs, plabels = [g.prod(q, "MatMulNBits")], ["qkv"]
+    else:
+        projs, plabels = [g.prod(x, "MatMulNBits") for x in (q, k, v)], ["q", "k", "v"]
+    if any(p is None for p in projs):
+        return None, "the attention input is not produced by MatMulNBits projections"
+    if len({p.input[0] for p in projs}) != 1:
+        return None, "the Q/K/V projections do not share one input"
+    norm = g.prod(projs[0].input[0], ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"))
+    if norm is None or norm.output[0] != projs[0].input[0]:
+        return None, "the Q/K/V projections are not fed by an RMS norm"
+    skip = norm.op_type == "SkipSimplifiedLayerNormalization"
+    qkv_type = ("SkipRMSNormQKV" if skip else "RMSNormQKV") + ("" if len(projs) == 1 else "Split")
+    return (qkv_type, [norm] + projs, ["norm"] + plabels), ""
+
+
+def _o_proj_group(g: Graph, gqa) -> tuple[Group | None, str]:
+    o_proj = g.only_consumers(gqa.output[0], "MatMulNBits")
+    if len(o_proj) != 1 or len(g.consumers[gqa.output[0]]) != 1:
+        return None, "the attention output does not feed one MatMulNBits (o_proj)"
+    post = g.only_consumers(o_proj[0].output[0], "SkipSimplifiedLayerNormalization")
+    if len(post) != 1:
+        return None, "o_proj does not feed a SkipSimplifiedLayerNormalization"
+    return ("OProjSkipRMSNorm", [o_proj[0], post[0]], ["o_proj", "norm"]), ""
+
+
+def _mlp_group(g: Graph, post) -> tuple[Group | None, str]:
+    mm = g.only_consumers(post.output[0], "MatMulNBits")
+    if len(mm) != 2 or len(g.consumers[post.output[0]]) != 2:
+        return None, "the post-attention norm does not feed exactly two MatMulNBits (gate, up)"
+    gate = sig = None
+    for cand in mm:
+        sigs = g.only_consumers(cand.output[0], "Sigmoid")
+        if len(sigs) == 1:
+            gate, sig = cand, sigs[0]
+    if gate is None:
+        return None, "no SiLU (Sigmoid + Mul) after the gate projection"
+    up = mm[1] if mm[0] is gate else mm[0]
+    acts = [n for n in g.only_consumers(sig.output[0], "Mul") if set(n.input) == {gate.output[0], sig.output[0]}]
+    if len(acts) != 1:
+        return None, "the gate activation is not x * sigmoid(x)"
+    act = acts[0]
+    muls = [n for n in g.only_consumers(act.output[0], "Mul") if set(n.input) == {act.output[0], up.output[0]}]
+    if len(muls) != 1:
+        return None, "the activation is not multiplied with the up projection"
+    mul = muls[0]
+    down = g.only_consumers(mul.output[0], "MatMulNBits")
+    if len(down) != 1 or len(g.consumers[mul.output[0]]) != 1:
+        return None, "the gated product does not feed one MatMulNBits (down_proj)"
+    return ("SiluGatedMLP", [gate, up, sig, act, mul, down[0]], ["gate", "up", "act_sigmoid", "act_mul", "mul", "down"]), ""

@@ -6,9 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.checks import run_checks
-from pipeline.checks.advice import tier_rows
-from pipeline.checks.buckets import metastate_sets, tiers_present
-from pipeline.checks.consistency import dims, lengths
+from pipeline.npu.dims import model_dims
+from pipeline.npu.layout import metastate_sets, tiers_present
 from pipeline.validate import open_package
 
 
@@ -22,7 +21,7 @@ def summary(path: Path, profile: str = "auto") -> dict:
     if isinstance(weight, list):
         weight = weight[0] if weight else {}
     graph_ops = _graph_ops(ctx)
-    L = lengths(ctx)
+    L = ctx.settings.as_dict()
     return {
         "path": str(path),
         "profile": prof["id"],
@@ -45,7 +44,7 @@ def summary(path: Path, profile: str = "auto") -> dict:
         },
         "provider_options": opts,
         "lengths": {k: v for k, v in L.items()},
-        "dims": {dim: {label: v for label, (v, _, _) in src.items()} for dim, src in dims(ctx).items()},
+        "dims": {dim: {label: v for label, (v, _, _) in src.items()} for dim, src in model_dims(ctx.genai, ctx.model_config).items()},
         "buckets": {
             "metastate_sets": len(metastate_sets(pkg)),
             "tiers_in_files": {phase: sorted({t for ts in nodes.values() for t in ts}) for phase, nodes in tiers_present(pkg).items()} if prof["metastate"].get("tiered") else {},
@@ -54,7 +53,7 @@ def summary(path: Path, profile: str = "auto") -> dict:
         "runs_on": _runs_on(prof, opts),
         "findings": [f.to_dict() for f in findings],
         "advice": [f.to_dict() for f in run_checks(ctx, select=("RP0",))[0]],
-        "tiers": tier_rows(ctx),
+        "tiers": ctx.settings.tier_rows(),
     }
 
 

@@ -20,15 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.checks import run_checks
-from pipeline.checks.advice import prompt_limit, sdk_version
-from pipeline.checks.buckets import tiers_present
-from pipeline.checks.consistency import lengths
 from pipeline.checks.manifest import manifest_files
-from pipeline.checks.provider import pow2_ceil, pow2_floor
 from pipeline.core.errors import RaipackError, UsageError
 from pipeline.core.output import atomic_write_bytes
 from pipeline.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json
 from pipeline.npu import profile as profiles
+from pipeline.npu.settings import pow2_ceil, pow2_floor, sdk_version
 from pipeline.validate import open_package
 
 GENAI = "genai_config.json"
@@ -61,12 +58,8 @@ class Plan:
 
 
 def compiled_tiers(ctx, phase: str) -> list[int]:
-    """Tiers the package is compiled for: its tier files (tiered layouts), else the profile's list."""
-    if ctx.profile["metastate"].get("tiered"):
-        found = tiers_present(ctx.pkg)["Prefill" if phase == "prefill" else "Token"]
-        if found:
-            return sorted(set.intersection(*found.values()))
-    return list(ctx.profile.get("buckets", {}).get(phase) or [])
+    """Tiers the package is compiled for (pipeline/npu/settings.compiled_tiers)."""
+    return ctx.settings.prefill if phase == "prefill" else ctx.settings.token
 
 
 def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size: int | None, sdk: str | None = None, profile: str = "auto") -> Plan:
@@ -77,9 +70,9 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
     _check_rai_config(ctx)
     if GENAI in manifest_files(ctx):
         raise Refused(f"{ctx.pkg.root / 'manifest.json'} records the size and hash of {GENAI}; tuning it would leave the manifest stale (RP801/RP802)", "rebuild the package with the new lengths (raipack build), or tune a copy without manifest.json")
-    L = lengths(ctx)
+    L = ctx.settings.as_dict()
     opts, where = ctx.options
-    version = sdk_version(ctx, sdk)
+    version = sdk_version(ctx.profile, sdk)
     ml = max_length or L["max_length"]
     cs = chunk_size or L["chunk_size"]
     if not ml:
@@ -93,7 +86,7 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
             raise Refused(f"--chunk-size {chunk_size} needs chunked prefill, but option hybrid_opt_chunk_context is {opts.get('hybrid_opt_chunk_context', 'missing')!r} in {GENAI}", "set hybrid_opt_chunk_context to \"1\" first (a RyzenAI option)")
     if cs and cs > ml:
         raise Refused(f"chunk size {cs} is above max_length {ml}", "use a chunk size at most --max-length")
-    limit = prompt_limit(ctx, version[0])
+    limit = ctx.settings.prompt_limit(ctx.profile, version[0])
     if limit is None:
         raise UsageError(f"--sdk-version {version[0]}: neither rai_config.json nor profile {ctx.profile['id']} gives a max_prompt_length for it", f"choose one of: {', '.join(sorted({**ctx.profile.get('max_prompt_length', {}), **L['max_prompt']}))}")
     prompt = max_prompt or min(limit[0], ml)
@@ -211,7 +204,7 @@ def _check_token_tiers(ctx, ml: int, auto: bool = False) -> None:
         if auto and _detected_by_lengths(ctx):
             hint += f"; if the package was tuned down from a larger profile, name that profile with --profile (auto detection took it for {ctx.profile['id']} from its search.max_length)"
         raise Refused(f"--max-length {ml} is above {top}, the largest token tier profile {ctx.profile['id']} packages are compiled for", hint)
-    cl = lengths(ctx)["context_length"]
+    cl = ctx.settings.context_length
     if cl and ml > cl:
         raise Refused(f"--max-length {ml} is above the model's context_length {cl} ({GENAI} /model/context_length)", f"use --max-length {cl} or less")
 

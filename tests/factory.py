@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.checks.provider import weights_sibling
+from pipeline.npu.layout import weights_sibling
 from pipeline.npu.profile import get as get_profile
 
 QUARK_CONFIG = {
@@ -350,8 +350,8 @@ REFERENCE_DIR_ENV = "RAIPACK_TEST_REFERENCE_DIR"
 TINY = Dims(layers=2, heads=4, kv_heads=2, head_size=64, vocab=512, intermediate=512, context_length=16384)
 _REPO = Path(__file__).resolve().parents[1]
 # what the reference packages are made of: a change to any of these files builds them again
-_REFERENCE_INPUTS = ("tests/factory.py", "tests/test_stages/conftest.py", "stages/fuse/**/*", "stages/export/**/*.py",
-                     "stages/quantize/data/calib.txt", "pipeline/profiles/*.json", "pipeline/profile.py", "pipeline/package.py")
+_REFERENCE_INPUTS = ("tests/factory.py", "tests/shared_fixtures.py", "stages/fuse/**/*", "stages/export/**/*.py",
+                     "pipeline/data/calib.txt", "pipeline/profiles/*.json", "pipeline/npu/**/*.py", "pipeline/core/**/*.py")
 
 
 def reference_package(profile_id: str) -> Path:
@@ -441,7 +441,7 @@ def write_quark_export(folder: Path, d: Dims, seed: int = 0) -> Path:
     """The folder Quark's export_safetensors(custom_mode="quark", weight_format="real_quantized",
     pack_method="reorder") writes for a random Llama of dimensions `d` with tied embeddings and
     lm_head excluded: uint4 per group, asymmetric; no Quark run (importing Quark alone takes a minute)."""
-    from test_stages.conftest import train_bpe_tokenizer
+    from shared_fixtures import train_bpe_tokenizer
 
     folder.mkdir(parents=True)
     tok = train_bpe_tokenizer(folder, vocab_size=d.vocab)

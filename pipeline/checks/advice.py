@@ -7,16 +7,12 @@ so a profile without an entry gets no such advice.
 
 from __future__ import annotations
 
-import os
-import re
-
-from pipeline.checks import check
-from pipeline.checks.consistency import _int, lengths
-from pipeline.checks.provider import known
+from pipeline.checks.base import check
+from pipeline.npu.genai import known_options as known
+from pipeline.npu.settings import as_int, fit_to_chunk, minimum_version
+from pipeline.npu.settings import sdk_version as _sdk_version
 
 GENAI = "genai_config.json"
-SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on
-INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"  # set by AMD's installer, ends in the version
 
 
 def advice(ctx, key: str) -> dict | None:
@@ -73,16 +69,6 @@ def json_text(value) -> str:
     return "true" if value is True else "false" if value is False else str(value)
 
 
-def one_pass(L: dict) -> int | None:
-    """The longest prompt one NPU pass takes: the chunk, else the NPU sequence length."""
-    return L["chunk_size"] or L["npu_seq"]
-
-
-def longest_prompt(L: dict) -> int | None:
-    """The longest prompt the settings let through (rai_config, else max_length)."""
-    return max(L["max_prompt"].values(), default=None) or L["max_length"]
-
-
 @check("RP004", "chunked-prefill", "advice")
 def chunked_prefill(ctx):
     """Chunked prefill (`hybrid_opt_chunk_context` "1") is on when prompts can
@@ -92,9 +78,9 @@ def chunked_prefill(ctx):
     rule = advice(ctx, "chunked_prefill")
     if not rule:
         return
-    L = lengths(ctx)
+    S = ctx.settings
     opts, where = ctx.options
-    value, chunk, prompt = opts.get("hybrid_opt_chunk_context"), one_pass(L), longest_prompt(L)
+    value, chunk, prompt = opts.get("hybrid_opt_chunk_context"), S.one_pass(), S.longest_prompt()
     if str(value) == rule["value"] or not chunk or not prompt or prompt <= chunk:
         return
     current = "missing" if value is None else repr(value)
@@ -109,12 +95,11 @@ def max_length_fit(ctx):
     KV cache is pre-allocated for max_length tokens. Lower it with `raipack tune
     --max-length` when the use case needs less."""
     rule = advice(ctx, "max_length")
-    L = lengths(ctx)
-    ml, cs = L["max_length"], L["chunk_size"]
+    ml, cs = ctx.settings.max_length, ctx.settings.chunk_size
     if not rule or not ml:
         return
     if rule.get("multiple_of_chunk") and cs and ml % cs:
-        fit = max(cs, ml // cs * cs)
+        fit = fit_to_chunk(ml, cs)  # what the fuse stage writes (pipeline/npu/settings.max_length_for)
         yield ctx.finding(GENAI, f"search.max_length is {ml}, not a multiple of search.chunk_size {cs}; recommended {fit}: {rule['why']}", f"raipack tune --max-length {fit}", "/search/max_length")
     if ml > rule["limit"]:
         kv = kv_bytes(ctx, ml)
@@ -129,61 +114,16 @@ def kv_bytes(ctx, tokens: int) -> int | None:
     dec = (g.get("model") or {}).get("decoder") if isinstance(g.get("model"), dict) else None
     if not isinstance(dec, dict):
         return None
-    layers, kvh, hs = (_int(dec.get(k)) for k in ("num_hidden_layers", "num_key_value_heads", "head_size"))
+    layers, kvh, hs = (as_int(dec.get(k)) for k in ("num_hidden_layers", "num_key_value_heads", "head_size"))
     return 2 * 2 * layers * kvh * hs * tokens if layers and kvh and hs else None
 
 
 # -- Ryzen AI version --------------------------------------------------------
 
 def sdk_version(ctx, stated: str | None = None) -> tuple[str, str]:
-    """(version, where it came from): stated, else $RAIPACK_SDK_VERSION, else
-    the installed one ($RYZEN_AI_INSTALLATION_PATH), else the package's release."""
-    if stated:
-        return stated, "stated"
-    if getattr(ctx, "sdk_version", None):
-        return ctx.sdk_version, "stated"
-    if os.environ.get(SDK_ENV):
-        return os.environ[SDK_ENV], f"stated in ${SDK_ENV}"
-    m = re.search(r"(\d+\.\d+(?:\.\d+)*)[\\/]*$", os.environ.get(INSTALL_ENV, ""))
-    if m:
-        return m[1], f"installed (${INSTALL_ENV})"
-    return ctx.profile["release"], f"the release of profile {ctx.profile['id']}"
-
-
-def version_key(table: dict, version: str) -> str | None:
-    """The key of `table` for `version`: exact, else the newest x.y.z of an x.y."""
-    if version in table:
-        return version
-    matches = [k for k in table if k.startswith(version + ".")]
-    return max(matches, key=_version_tuple) if matches else None
-
-
-def _version_tuple(v: str):
-    return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
-
-
-def prompt_limit(ctx, version: str) -> tuple[int, str] | None:
-    """(max prompt tokens for `version`, source): rai_config.json, else the profile."""
-    L = lengths(ctx)
-    key = version_key(L["max_prompt"], version)
-    if key:
-        return _int(L["max_prompt"][key]), f"rai_config.json max_prompt_length[{key}]"
-    table = ctx.profile.get("max_prompt_length") or {}
-    key = version_key(table, version)
-    return (table[key], f"the Ryzen AI {key} limit in profile {ctx.profile['id']}") if key else None
-
-
-def single_pass(L: dict) -> int | None:
-    """The longest prompt the settings take: the chunk with chunked prefill, else
-    the NPU sequence length or max_length, whichever is smaller."""
-    if L["chunked"] and L["chunk_size"]:
-        return L["chunk_size"]
-    return min((n for n in (L["max_length"], L["npu_seq"]) if n), default=None)
-
-
-def minimum_version(table: dict, tokens: int) -> str | None:
-    fits = [v for v, n in table.items() if isinstance(n, int) and n >= tokens]
-    return min(fits, key=_version_tuple) if fits else None
+    """(version, where it came from): stated (or the run's `ctx.sdk_version`), else the
+    environment's, else the package's release (pipeline/npu/settings.sdk_version)."""
+    return _sdk_version(ctx.profile, stated or getattr(ctx, "sdk_version", None))
 
 
 @check("RP006", "sdk-prompt-limit", "advice")
@@ -197,13 +137,13 @@ def sdk_prompt_limit(ctx):
     rule = advice(ctx, "sdk_prompt")
     if not rule:
         return
-    L = lengths(ctx)
-    allowed = single_pass(L)
+    S = ctx.settings
+    allowed = S.single_pass()
     version, source = sdk_version(ctx)
-    limit = prompt_limit(ctx, version)
+    limit = S.prompt_limit(ctx.profile, version)
     if not allowed or not limit or allowed <= limit[0]:
         return
-    newer = minimum_version({**ctx.profile.get("max_prompt_length", {}), **L["max_prompt"]}, allowed)
+    newer = minimum_version({**ctx.profile.get("max_prompt_length", {}), **S.max_prompt}, allowed)
     hint = (f"run it on Ryzen AI {newer} or later, or " if newer else "") + f"keep prompts to {limit[0]} tokens"
     yield ctx.finding(GENAI, f"prompts of up to {allowed} tokens are allowed but Ryzen AI {version} ({source}) takes at most {limit[0]} ({limit[1]}): {rule['why']}", hint, "/search")
 
@@ -244,31 +184,6 @@ def sampling(ctx):
 
 # -- bucket tiers ------------------------------------------------------------
 
-def tier_rows(ctx) -> list[dict]:
-    """One row per length setting: which compiled tier serves it and the padding.
-
-    Prefill tiers serve prompts (rai_config max_prompt_length) and chunks;
-    token tiers serve search.max_length."""
-    tiers = ctx.profile.get("buckets") or {}
-    L = lengths(ctx)
-    by_value: dict[int, list[str]] = {}
-    for v, n in sorted(L["max_prompt"].items(), key=lambda kv: _version_tuple(kv[0])):
-        by_value.setdefault(n, []).append(v)
-    settings = [("prefill", f"max_prompt_length[{vs[0]}{'…' + vs[-1] if len(vs) > 1 else ''}]", n, "rai_config.json", f"/max_prompt_length/{vs[0]}") for n, vs in by_value.items()]
-    if L["chunk_size"]:
-        settings.append(("prefill", "search.chunk_size", L["chunk_size"], GENAI, "/search/chunk_size"))
-    if L["max_length"]:
-        settings.append(("token", "search.max_length", L["max_length"], GENAI, "/search/max_length"))
-    rows = []
-    for phase, name, value, file, pointer in settings:
-        ts = tiers.get(phase) or []
-        below = max((t for t in ts if t < value), default=None)
-        tier = min((t for t in ts if t >= value), default=None)
-        rows.append({"phase": phase, "setting": name, "value": value, "tier_below": below, "tier": tier,
-                     "padding": tier - value if tier else None, "file": file, "pointer": pointer})
-    return rows
-
-
 @check("RP008", "tier-padding", "advice")
 def tier_padding(ctx):
     """No length setting sits just above a compiled bucket tier: a request is
@@ -278,7 +193,7 @@ def tier_padding(ctx):
     rule = advice(ctx, "padding")
     if not rule:
         return
-    for row in tier_rows(ctx):
+    for row in ctx.settings.tier_rows():
         below, tier, value = row["tier_below"], row["tier"], row["value"]
         if not below or not tier or tier == value:
             continue

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
-from pipeline.checks import check
-from pipeline.checks.files import is_inside
-
-PREFIX = "dd_metastate_"
-TIERED = re.compile(r"^dd_metastate_Llm_(?P<phase>Prefill|Token)_(?P<node>.+)_(?P<tier>\d+)$")
-
-
-def metastate_sets(pkg) -> dict[str, dict[str, str]]:
-    """stem (folder + name without extension) → extension → relative path."""
-    sets: dict[str, dict[str, str]] = defaultdict(dict)
-    for rel in pkg.files:
-        name = rel.rsplit("/", 1)[-1]
-        if name.startswith(PREFIX) and "." in name:
-            stem, ext = rel.rsplit(".", 1)
-            sets[stem][ext] = rel
-    return dict(sets)
+from pipeline.checks.base import check
+from pipeline.npu.layout import PREFIX, is_inside, metastate_sets, tiers_present
+from pipeline.npu.settings import expected_tiers
 
 
 @check("RP601", "metastate-sets")
@@ -43,7 +29,7 @@ def metastate_complete(ctx):
             seen[ext] += 1
     for stem, exts in sorted(sets.items()):
         if "state" not in exts and "state" in known:
-            for ext, rel in sorted(exts.items()):
+            for _ext, rel in sorted(exts.items()):
                 yield ctx.finding(rel, f"is orphaned: {stem}.state is missing", "copy the missing .state file, or remove the leftover")
             continue
         for ext in sorted(required - set(exts)):
@@ -56,19 +42,6 @@ def metastate_complete(ctx):
                 yield ctx.finding(exts[ext], f"has an extension .{ext} that profile {ctx.profile['id']} does not know", "remove stray files from the package", severity="warning")
 
 
-def tiers_present(pkg) -> dict[str, dict[str, set[int]]]:
-    """phase (Prefill/Token) → node → tiers found in tiered file names.
-
-    Only meaningful for tiered layouts: AMD's own names end in `_<n>_<m>`
-    node indices that look like tiers."""
-    out: dict[str, dict[str, set[int]]] = {"Prefill": defaultdict(set), "Token": defaultdict(set)}
-    for stem in metastate_sets(pkg):
-        m = TIERED.match(stem.rsplit("/", 1)[-1])
-        if m:
-            out[m["phase"]][m["node"]].add(int(m["tier"]))
-    return out
-
-
 @check("RP602", "bucket-tiers")
 def bucket_tiers(ctx):
     """For layouts with one metastate set per sequence-length tier
@@ -79,17 +52,15 @@ def bucket_tiers(ctx):
     are reported as extras."""
     if not ctx.profile["metastate"].get("tiered"):
         return
-    from pipeline.checks.consistency import lengths
-
-    L = lengths(ctx)
+    S = ctx.settings
     declared = ctx.profile["buckets"]
     present = tiers_present(ctx.pkg)
-    phases = (("Prefill", "prefill", L["chunk_size"] or L["npu_seq"]), ("Token", "token", L["max_length"]))
+    phases = (("Prefill", "prefill", S.one_pass()), ("Token", "token", S.max_length))
     for phase, key, must_cover in phases:
         tiers = declared.get(key, [])
         if any(b <= a for a, b in zip(tiers, tiers[1:])):
             yield ctx.finding("", f"profile {ctx.profile['id']} declares {key} tiers {tiers}, which are not strictly increasing", "fix the profile's bucket list")
-        wanted = [t for t in tiers if not L["max_length"] or t <= L["max_length"]]
+        wanted = expected_tiers(tiers, key, S.max_length)
         nodes = present[phase]
         if wanted and not nodes:
             yield ctx.finding(f"dd_metastate_Llm_{phase}_*", f"no {key} tier sets found; profile {ctx.profile['id']} declares tiers {wanted}", "rebuild the package with raipack build")

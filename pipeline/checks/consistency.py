@@ -2,49 +2,10 @@
 
 from __future__ import annotations
 
-from pipeline.checks import check
+from pipeline.checks.base import check
+from pipeline.npu.dims import model_dims as _model_dims
 
 GENAI = "genai_config.json"
-
-
-def _int(value):
-    """An int from an int or a string of decimal digits ("4096"), else None
-    (a mistyped value is RP202's or RP401's finding, never a crash here)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdecimal():
-        try:
-            return int(value)
-        except ValueError:  # more digits than Python converts
-            return None
-    return None
-
-
-def _count(value):
-    """A positive int (a length, a dimension), else None."""
-    n = _int(value)
-    return n if n is not None and n > 0 else None
-
-
-def lengths(ctx) -> dict:
-    """The length settings of a package, as ints where they are set."""
-    g = ctx.genai if isinstance(ctx.genai, dict) else {}
-    search = g.get("search") if isinstance(g.get("search"), dict) else {}
-    model = g.get("model") if isinstance(g.get("model"), dict) else {}
-    opts, _ = ctx.options
-    rai = ctx.rai_config if isinstance(ctx.rai_config, dict) else {}
-    mpl = rai.get("max_prompt_length") if isinstance(rai.get("max_prompt_length"), dict) else {}
-    return {
-        "max_length": _count(search.get("max_length")),
-        "chunk_size": _count(search.get("chunk_size")),
-        "context_length": _count(model.get("context_length")),
-        "kv_cache": _count(opts.get("max_length_for_kv_cache")),
-        "npu_seq": _count(opts.get("hybrid_opt_max_seq_length")),
-        "chunked": str(opts.get("hybrid_opt_chunk_context", "0")) == "1",
-        "max_prompt": {v: n for v, n in ((v, _count(n)) for v, n in mpl.items()) if n is not None},
-    }
 
 
 @check("RP501", "length-limits")
@@ -54,7 +15,7 @@ def length_limits(ctx):
     every `rai_config.max_prompt_length` ≤ `max_length` and, without chunked
     prefill, ≤ `hybrid_opt_max_seq_length`; and no higher than the NPU limit
     the profile records for that Ryzen AI version."""
-    L = lengths(ctx)
+    L = ctx.settings.as_dict()
     ml, cs, cl, kv, seq = L["max_length"], L["chunk_size"], L["context_length"], L["kv_cache"], L["npu_seq"]
     if ml and cl and ml > cl:
         yield ctx.finding(GENAI, f"search.max_length is {ml}, above model.context_length {cl}", "lower search.max_length (raipack tune --max-length)", "/search/max_length")
@@ -76,29 +37,7 @@ def length_limits(ctx):
 
 def dims(ctx) -> dict[str, dict[str, tuple[int, str, str]]]:
     """dimension → source label → (value, file, pointer)."""
-    out: dict[str, dict] = {}
-
-    def put(dim, label, value, file, pointer):
-        v = _count(value)  # zero or negative is RP202's finding, not a second one here
-        if v is not None:
-            out.setdefault(dim, {})[label] = (v, file, pointer)
-
-    g = ctx.genai if isinstance(ctx.genai, dict) else {}
-    model = g.get("model") if isinstance(g.get("model"), dict) else {}
-    dec = model.get("decoder") if isinstance(model.get("decoder"), dict) else {}
-    for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("head_size", "head_size"), ("hidden", "hidden_size")):
-        put(dim, "genai_config", dec.get(key), GENAI, f"/model/decoder/{key}")
-    put("vocab", "genai_config", model.get("vocab_size"), GENAI, "/model/vocab_size")
-    cfg = ctx.model_config if isinstance(ctx.model_config, dict) else {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("hidden", "hidden_size"), ("vocab", "vocab_size"), ("head_size", "head_dim")):
-        put(dim, "config", text.get(key), "config.json", f"/{key}")
-    if "config" not in out.get("kv_heads", {}) and _count(text.get("num_attention_heads")) and "num_key_value_heads" not in text:
-        put("kv_heads", "config", text.get("num_attention_heads"), "config.json", "/num_attention_heads")
-    h, n = _count(text.get("hidden_size")), _count(text.get("num_attention_heads"))
-    if h and n and "head_dim" not in text:
-        put("head_size", "config", h // n, "config.json", "/hidden_size")
-    return out
+    return _model_dims(ctx.genai, ctx.model_config)
 
 
 @check("RP502", "model-dims")
@@ -112,7 +51,7 @@ def model_dims(ctx):
             yield ctx.finding(f1, f"{dim} is {v1} at {p1} but {v2} in {f2} at {p2}", "rebuild the package from one checkpoint; the files come from different models", p1)
     n_tok = tokenizer_size(ctx)
     vocab = dims(ctx).get("vocab", {})
-    for label, (v, file, pointer) in vocab.items():
+    for _label, (v, file, pointer) in vocab.items():
         if n_tok and n_tok > v:
             yield ctx.finding("tokenizer.json", f"has {n_tok} tokens, more than the model's vocabulary of {v} ({file} {pointer})", "use the tokenizer the model was trained with")
             break

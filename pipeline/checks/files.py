@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 
-from pipeline.checks import check
+from pipeline.checks.base import check
 from pipeline.core.package import SCAN
+from pipeline.npu.layout import is_inside
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
 
@@ -51,11 +52,6 @@ def path_escape(ctx):
     for rel, pointer, value in referenced_paths(ctx):
         if not is_inside(value):
             yield ctx.finding(rel, f"{pointer} is {value!r}, a path that leaves the package", "name a file inside the package folder, relative to it", pointer)
-
-
-def is_inside(value: str) -> bool:
-    norm = value.replace("\\", "/")
-    return not (norm.startswith("/") or (len(norm) > 1 and norm[1] == ":") or ".." in norm.split("/"))
 
 
 def referenced_paths(ctx):

@@ -2,52 +2,12 @@
 
 from __future__ import annotations
 
-from pipeline.checks import check
-from pipeline.core import protowire, schemas
-from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
+from pipeline.checks.base import check
+from pipeline.core import schemas
 from pipeline.npu import contract as contract
+from pipeline.npu.graph import GraphRefused
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.ryzenai", "com.amd", "ai.raipack"}
-WEIGHTS_HINT = "keep the weights in external data (model.onnx.data, the model builder's default), or check that the right file was placed here"
-
-
-class GraphRefused(Exception):
-    """The graph was not parsed; str() is the sentence, `hint` the next step."""
-
-    def __init__(self, message: str, hint: str):
-        super().__init__(message)
-        self.hint = hint
-
-
-def load_graph(ctx):
-    """The graph without its weights, a GraphRefused or parse error, or None
-    (no graph, an LFS pointer or an empty file: RP102/RP103 report those)."""
-    rel = ctx.graph_rel
-    if rel is None:
-        return None
-    fe = ctx.pkg.files[rel]
-    if fe.lfs or fe.size == 0:
-        return None
-    if fe.size > GRAPH_MAX_BYTES:
-        return GraphRefused(f"is {fe.size} bytes, too large to be a graph with external weights (at most {GRAPH_MAX_BYTES} bytes are read)", WEIGHTS_HINT)
-    import onnx
-
-    try:
-        raw = ctx.pkg.read_bytes(rel, GRAPH_MAX_BYTES, "graph with external weights")
-        counts = protowire.count(raw, onnx.ModelProto.DESCRIPTOR, GRAPH_MAX_FIELDS, {"onnx.NodeProto": GRAPH_MAX_NODES})
-        if counts.over == "fields":
-            return GraphRefused(f"holds more than {GRAPH_MAX_FIELDS} protobuf fields, too many to be a graph with external weights; it was not parsed", WEIGHTS_HINT)
-        if counts.over:
-            return GraphRefused(f"has more than {GRAPH_MAX_NODES} nodes (subgraphs and functions included), far more than a decoder has; it was not parsed", "check that the right file was placed here")
-        return onnx.load_model_from_string(raw)
-    except ReadError as exc:
-        return GraphRefused(str(exc), exc.hint)
-    except MemoryError:
-        return GraphRefused(f"could not be parsed in the memory available ({fe.size} bytes on disk)", "free memory, or check that the right file was placed here")
-    except Exception as exc:  # protobuf raises DecodeError and friends
-        return exc
-
-
 def _graph(ctx):
     g = ctx.graph
     return None if g is None or isinstance(g, Exception) else g
@@ -96,7 +56,7 @@ def external_data(ctx):
     if g is None:
         return
     for item in contract.external_data_refs(g, ctx.pkg.path(ctx.graph_rel).parent, ctx.pkg.root):
-        yield ctx.finding(ctx.graph_rel, item["message"], item["hint"], item["pointer"])
+        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer)
 
 
 @check("RP703", "io-contract")
@@ -109,7 +69,7 @@ def io_contract(ctx):
     if g is None or not isinstance(ctx.genai, dict) or schemas.errors("genai_config", ctx.genai):
         return  # a mistyped genai_config.json is RP202's finding; the contract needs a well-typed one
     for item in contract.io_contract(g, ctx.genai):
-        yield ctx.finding(ctx.graph_rel, item["message"], item["hint"], item["pointer"])
+        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer)
 
 
 @check("RP704", "matmulnbits-quant")
@@ -126,4 +86,4 @@ def matmulnbits_quant(ctx):
     if quant is not None and schemas.errors("quantization_config", quant):
         return  # RP202 reports the mistyped config
     for item in contract.matmulnbits_agreement(g, quant, rules):
-        yield ctx.finding(ctx.graph_rel, item["message"], item["hint"], item["pointer"], item.get("severity"))
+        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer, item.severity)

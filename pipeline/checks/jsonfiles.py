@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.checks import check
+from pipeline.checks.base import check
 from pipeline.core import schemas
 from pipeline.core.package import JsonError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pipeline.checks import check
+from pipeline.checks.base import check
 from pipeline.core.hashing import sha256_many
 
 MANIFEST = "manifest.json"

@@ -7,7 +7,7 @@ where a header without the magic, or one that does not parse, is an RP901 error 
 RP902–RP907 could not run. AMD's packages use AMD's own undocumented formats, so elsewhere these
 checks are no-ops. They read the header, the graph without weights, the cache meta/descriptor
 files and the plans (small files); only RP902 reads model.bin, and only with --verify-hashes. The
-formats are documented in docs/formats.md and implemented in stages/fuse/formats.py (standard
+formats are documented in docs/formats.md and implemented in pipeline/npu/formats.py (standard
 library only at import time).
 """
 
@@ -18,8 +18,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
-from pipeline.checks import check
-from pipeline.checks.provider import pow2_floor, weights_sibling
+from pipeline.checks.base import check
+from pipeline.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
+from pipeline.npu.layout import TIERED, metastate_sets, weights_sibling
+from pipeline.npu.settings import expected_tiers, pow2_floor
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
@@ -187,8 +189,7 @@ def fused_graph(ctx):
     ops = {op.get("name"): op for op in doc.get("operators") or []}
     tensors = {t["name"]: t for _, _, _, t in fmt.header_tensors(doc)}
     functions = {f.name: f for f in model.functions if f.domain == FUSED_DOMAIN}
-    q = ctx.profile.get("quantization") or {}
-    groups = q.get("allowed_group_sizes") or ([q["group_size"]] if "group_size" in q else [])
+    limits = NpuConstraints.from_profile(ctx.profile)
     seen = set()
     for n in model.graph.node:
         if n.domain != FUSED_DOMAIN:
@@ -208,29 +209,17 @@ def fused_graph(ctx):
             if inner.op_type != "MatMulNBits":
                 continue
             vals = {a.name: attrs.get(a.ref_attr_name) if a.ref_attr_name else helper.get_attribute_value(a) for a in inner.attribute}
-            why = []
-            if "bits" in q and vals.get("bits", 4) != q["bits"]:
-                why.append(f"bits {vals.get('bits')} (the NPU takes {q['bits']})")
-            if groups and vals.get("block_size") not in groups:
-                why.append(f"block_size {vals.get('block_size')} (allowed: {groups})")
-            K, N = vals.get("K"), vals.get("N")
-            for dim, value, key in (("K", K, "npu_k_multiple"), ("N", N, "npu_n_multiple")):
-                m = q.get(key)
-                if isinstance(m, int) and isinstance(value, int) and value % m:
-                    why.append(f"{dim}={value} not a multiple of {m}")
+            why = limits.matmul_problems(vals.get("bits", 4), vals.get("block_size"), vals.get("K"), vals.get("N"))
             if why:
                 yield ctx.finding(grel, f"fused node {n.name}: its {inner.name} MatMulNBits breaks the NPU constraints of profile {ctx.profile['id']}: " + ", ".join(why), "quantize with a group size the profile allows", n.name)
     for name in sorted(set(ops) - seen):
         yield ctx.finding(rel, f"lists operator {name}, which is not a node of {grel}", "rebuild the package", "/operators")
     wrel = doc.get("weights_file", "model.bin")
-    for t in model.graph.initializer:
-        ext = {e.key: e.value for e in t.external_data}
-        if ext.get("location") != wrel:
-            continue
+    for t, ext in stored_in(model.graph, wrel):
         entry = tensors.get(t.name)
         if entry is None:
             yield ctx.finding(grel, f"initializer {t.name} points into {wrel}, but {rel} does not list it", "rebuild the package", t.name)
-        elif int(ext.get("offset", 0)) != entry["offset"] or int(ext.get("length", -1)) != entry["size"] or list(t.dims) != entry.get("shape"):
+        elif not placed_as_header_says(t, ext, entry):
             yield ctx.finding(grel, f"initializer {t.name} is at offset {ext.get('offset')} length {ext.get('length')} shape {list(t.dims)} in the graph but at {entry['offset']}, {entry['size']}, {entry.get('shape')} in {rel}", "rebuild the package; the graph and the header come from different builds", t.name)
 
 
@@ -318,8 +307,6 @@ def metastate_plans(ctx):
     rel, doc = _header(ctx)
     if doc is None:
         return
-    from pipeline.checks.buckets import TIERED, metastate_sets
-
     fmt = _formats()
     header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
     grel = ctx.graph_rel
@@ -380,13 +367,12 @@ def tier_options(ctx):
     largest power of two within `max_length` (1.7.1 16K); `chunk_size`
     is a prefill tier; chunked prefill (`hybrid_opt_chunk_context` "1") is on
     whenever `rai_config.max_prompt_length` exceeds the largest prefill tier;
-    the header's tiers are the profile's tiers up to `max_length`."""
+    the header's tiers are the profile's prefill tiers up to `max_length`, and
+    its token tiers below `max_length` and `max_length` itself."""
     rel, doc = _header(ctx)
     if doc is None:
         return
-    from pipeline.checks.consistency import lengths
-
-    L = lengths(ctx)
+    L = ctx.settings.as_dict()
     t = doc.get("tiers") or {}
     prefill, token = sorted(t.get("prefill") or []), sorted(t.get("token") or [])
     if not prefill or not token:
@@ -411,7 +397,7 @@ def tier_options(ctx):
     declared = ctx.profile.get("buckets") or {}
     if ml:
         for key, have in (("prefill", prefill), ("token", token)):
-            want = sorted(x for x in declared.get(key, []) if x <= ml)
+            want = expected_tiers(declared.get(key, []), key, ml)
             if declared.get(key) and have != want:
                 yield ctx.finding(rel, f"lists {key} tiers {have}; profile {ctx.profile['id']} declares {want} up to max_length {ml}", "rebuild the package with the right profile", f"/tiers/{key}")
 

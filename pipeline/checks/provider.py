@@ -2,38 +2,13 @@
 
 from __future__ import annotations
 
-from pipeline.checks import check
-from pipeline.data import load_data
+from pipeline.checks.base import check
+from pipeline.npu.genai import known_options as known
 from pipeline.npu.genai import provider_names
+from pipeline.npu.layout import weights_sibling
+from pipeline.npu.settings import is_power_of_two
 
 GENAI = "genai_config.json"
-
-
-def known():
-    return load_data("ryzenai_options.json")
-
-
-def is_power_of_two(text) -> bool:
-    try:
-        n = int(str(text))
-    except ValueError:
-        return False
-    return n > 0 and n & (n - 1) == 0
-
-
-def pow2_floor(n: int) -> int:
-    """The largest power of two at or below n (n >= 1)."""
-    return 1 << (n.bit_length() - 1)
-
-
-def pow2_ceil(n: int) -> int:
-    """The smallest power of two at or above n."""
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def weights_sibling(header: str) -> str:
-    """model.pb.bin → model.bin; model_jit.pb.bin → model_jit.bin."""
-    return header[: -len(".pb.bin")] + ".bin" if header.endswith(".pb.bin") else header + ".bin"
 
 
 def _ryzen_keys(ctx):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.checks import check
+from pipeline.checks.base import check
 
 HINT = "re-quantize with Quark: --quant_scheme uint4_wo_128 --quant_algo awq (pack_method reorder, real_quantized export)"
 

@@ -45,3 +45,10 @@ def _get(doc, *keys):
             return None
         doc = doc.get(key)
     return doc
+
+
+def known_options() -> dict:
+    """What raipack knows of the RyzenAI runtime's options (pipeline/data/ryzenai_options.json)."""
+    from pipeline.data import load_data
+
+    return load_data("ryzenai_options.json")

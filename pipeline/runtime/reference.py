@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.npu import formats
+from pipeline.npu.constraints import placed_as_header_says, stored_in
 from pipeline.npu.formats import FormatError
+from pipeline.npu.genai import ryzenai_options
+from pipeline.npu.settings import NpuSettings
 from pipeline.runtime.trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
 
 
@@ -41,27 +44,34 @@ class RuntimeRefusal(ValueError):
         self.requested = requested
 
 
-def ryzenai_options(genai: dict) -> dict:
-    session = genai.get("model", {}).get("decoder", {}).get("session_options", {}) or {}
-    for entry in session.get("provider_options") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("RyzenAI"), dict):
-            return entry["RyzenAI"]
-    return {}
-
-
 class ReferenceRuntime:
     """Loads a reference package and runs greedy generation on the CPU (see the module docstring)."""
 
     def __init__(self, pkg_dir: str | Path, threads: int | None = None, *, verify: str = "sha256", sdk_version: str | None = None):
-        import numpy as np
-        import onnx
-        import onnxruntime as ort
-
         self.pkg = Path(pkg_dir)
         self.files = PackageFiles(self.pkg)  # nothing special, nothing outside the package
         manifest = self.files.check_manifest(hashes=verify == "sha256")  # hashes on a thread meanwhile
         self.genai = self.files.json("genai_config.json", "genai_config")
-        opts = ryzenai_options(self.genai)
+        header_name, header_path = self._open_weights(verify)
+        header = self.weights.header
+        self.dims = header["model"]
+        self.num_layers, self.kv_heads, self.head_size = self.dims["layers"], self.dims["kv_heads"], self.dims["head_size"]
+        self.vocab_size = self.dims["vocab_size"]
+        self._read_settings(header, sdk_version)
+        self._read_special_tokens()
+        graph_path, graph_bytes, model, names, values = self._load_graph(header_name)
+        self.plans = self._load_plans(header_path, graph_bytes)
+        # every weights file as manifest.json recorded it, and the rest of the graph's external data in bounds
+        self.manifest_checked = manifest.result()
+        self._check_external_data(model, graph_path, header.get("weights_file", "model.bin"))
+        self._start_session(graph_path, names, values, threads)
+        self._allocate()
+
+    # ------------------------------------------------------------------ loading steps
+
+    def _open_weights(self, verify: str) -> tuple[str, Path]:
+        """model.pb.bin (the RyzenAI option external_data_file) and model.bin, checked; (name, path) of the header."""
+        opts, _ = ryzenai_options(self.genai)
         if not opts:
             raise PackageError(f"{self.pkg / 'genai_config.json'} has no RyzenAI provider options; it is not an NPU package", "fuse the export with raipack's reference backend")
         header_name = opts.get("external_data_file", "model.pb.bin")
@@ -73,73 +83,69 @@ class ReferenceRuntime:
             self.weights = formats.WeightsFile(header_path, verify=verify)
         except FormatError as err:
             raise PackageError(str(err), err.hint) from None
-        header = self.weights.header
-        _check_header_fields(header, header_path)
-        dec = self.genai["model"]["decoder"]
-        self.dims = header["model"]
-        self.num_layers, self.kv_heads, self.head_size = self.dims["layers"], self.dims["kv_heads"], self.dims["head_size"]
-        self.vocab_size = self.dims["vocab_size"]
+        _check_header_fields(self.weights.header, header_path)
+        return header_name, header_path
+
+    def _read_settings(self, header: dict, sdk_version: str | None) -> None:
+        """Lengths, tiers, chunking and the prompt limit: the package's NPU settings (pipeline/npu/settings.py)
+        with the header's tiers, held to what the runtime needs."""
         tiers = header["tiers"]
-        self.prefill_tiers, self.token_tiers, self.node = sorted(tiers["prefill"]), sorted(tiers["token"]), tiers["node"]
-        search = self.genai.get("search", {})
-        self.max_length = int(search.get("max_length", 0))
+        rai = self.files.json("rai_config.json", "rai_config", required=False) or {}
+        settings = NpuSettings.from_configs(self.genai, rai, tiers["prefill"], tiers["token"])
+        self.settings = settings
+        self.prefill_tiers, self.token_tiers, self.node = settings.prefill, settings.token, tiers["node"]
+        self.max_length = settings.max_length or 0
         if self.max_length != tiers["max_length"] or self.max_length > self.token_tiers[-1]:
             raise PackageError(f"genai_config.json search.max_length {self.max_length} does not match the {tiers['max_length']} the package was built for", "rebuild the package; do not edit max_length by hand")
-        self.chunked = str(opts.get("hybrid_opt_chunk_context", "0")) == "1"
-        self.chunk_size = int(search.get("chunk_size") or self.prefill_tiers[-1])
+        self.chunked = settings.chunked
+        self.chunk_size = settings.chunk_size or self.prefill_tiers[-1]
         if self.chunk_size not in self.prefill_tiers:
             raise PackageError(f"search.chunk_size {self.chunk_size} is not one of the prefill tiers {self.prefill_tiers}", "rebuild the package")
-        eos = self.genai["model"].get("eos_token_id", [])
-        self.eos_token_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos])}
-        pad = self.genai["model"].get("pad_token_id")
-        self.pad_token_id = int((pad[0] if isinstance(pad, list) else pad) or 0)
-
-        rai = self.files.json("rai_config.json", "rai_config", required=False) or {}
         mpl = rai.get("max_prompt_length") or {}
         self.sdk_version = sdk_version or header.get("release")
         if mpl:
             if self.sdk_version not in mpl:
                 raise PackageError(f"rai_config.json gives no max_prompt_length for Ryzen AI {self.sdk_version} (it lists {', '.join(sorted(mpl))})", "pass sdk_version= one of the listed versions")
-            self.max_prompt_length = min(int(mpl[self.sdk_version]), self.max_length)
-        else:
-            self.max_prompt_length = self.max_length
-        if not self.chunked:
-            self.max_prompt_length = min(self.max_prompt_length, self.prefill_tiers[-1])
+        self.max_prompt_length = settings.prompt_cap(int(mpl[self.sdk_version]) if mpl else self.max_length)
 
-        # the graph: it must point into model.bin exactly where the header says
-        graph_name = dec.get("filename", "model.onnx")
+    def _read_special_tokens(self) -> None:
+        eos = self.genai["model"].get("eos_token_id", [])
+        self.eos_token_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+        pad = self.genai["model"].get("pad_token_id")
+        self.pad_token_id = int((pad[0] if isinstance(pad, list) else pad) or 0)
+
+    def _load_graph(self, header_name: str):
+        """The decoder graph, which must point into model.bin exactly where the header says; returns
+        (path, bytes, model, names and OrtValues of the model.bin tensors)."""
+        import onnx
+        import onnxruntime as ort
+
+        graph_name = self.genai["model"]["decoder"].get("filename", "model.onnx")
         graph_path = self.files.path(graph_name, "genai_config.json model.decoder.filename")
         graph_bytes = self.files.read(graph_name, "genai_config.json model.decoder.filename", GRAPH_MAX_BYTES, "decoder graph")
         try:
             model = onnx.load_from_string(graph_bytes)
         except Exception as err:  # protobuf's DecodeError and friends: the file is not an ONNX model
             raise PackageError(f"{graph_path} cannot be parsed as an ONNX model ({type(err).__name__})", "rebuild the package; the file is truncated or corrupt") from None
-        wname = header.get("weights_file", "model.bin")
         names, values = [], []
-        for t in model.graph.initializer:
-            ext = {e.key: e.value for e in t.external_data}
-            if ext.get("location") != wname:
-                continue
-            entry = self.weights.tensors.get(t.name)
-            offset, length = _offset_length(ext, f"{graph_path.name} (external data of tensor {t.name!r})")
-            if entry is None or offset != entry["offset"] or length != entry["size"] or list(t.dims) != entry["shape"]:
+        for t, ext in stored_in(model.graph, self.weights.header.get("weights_file", "model.bin")):
+            _offset_length(ext, f"{graph_path.name} (external data of tensor {t.name!r})")  # whole numbers, else one sentence
+            if not placed_as_header_says(t, ext, self.weights.tensors.get(t.name)):
                 raise PackageError(f"{graph_path.name} and {header_name} disagree about tensor {t.name} (offset, length or shape)", "rebuild the package; model.onnx and model.pb.bin come from different builds")
             names.append(t.name)
             values.append(ort.OrtValue.ortvalue_from_numpy(self.weights.array(t.name)))
         self._ort_values = values
+        return graph_path, graph_bytes, model, names, values
 
-        # the plans
-        self.plans: dict[tuple[str, int], dict] = {}
+    def _load_plans(self, header_path: Path, graph_bytes: bytes) -> dict[tuple[str, int], dict]:
         header_sha = formats.sha256_hex(header_path.read_bytes())
         graph_sha = formats.sha256_hex(graph_bytes)
         model_dims = {k: self.dims[k] for k in ("layers", "kv_heads", "head_size", "vocab_size")}
-        for phase, tier_list in (("prefill", self.prefill_tiers), ("token", self.token_tiers)):
-            for tier in tier_list:
-                self.plans[(phase, tier)] = self._load_plan(phase, tier, header_sha, graph_sha, model_dims)
+        return {(phase, tier): self._load_plan(phase, tier, header_sha, graph_sha, model_dims)
+                for phase, tier_list in (("prefill", self.prefill_tiers), ("token", self.token_tiers)) for tier in tier_list}
 
-        # every weights file as manifest.json recorded it, and the rest of the graph's external data in bounds
-        self.manifest_checked = manifest.result()
-        self._check_external_data(model, graph_path, wname)
+    def _start_session(self, graph_path: Path, names: list, values: list, threads: int | None) -> None:
+        import onnxruntime as ort
 
         so = ort.SessionOptions()
         if threads is not None:
@@ -150,12 +156,18 @@ class ReferenceRuntime:
             self.session = ort.InferenceSession(str(graph_path), so, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's Fail/InvalidGraph/...: the graph does not load
             raise PackageError(f"onnxruntime cannot load {graph_path}: {first_line(err)}", "rebuild the package; validate it with raipack validate") from None
+        dec = self.genai["model"]["decoder"]
         ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
         self.input_ids_name = ins.get("input_ids", "input_ids")
         self.attention_mask_name = ins.get("attention_mask", "attention_mask")
         self.logits_name = outs.get("logits", "logits")
 
-        # the static KV buffer: one region of max_length positions per layer for keys and for values
+    def _allocate(self) -> None:
+        """The static KV buffer (one region of max_length positions per layer for keys and for values),
+        the logits row and the I/O binding."""
+        import numpy as np
+        import onnxruntime as ort
+
         self._region = self.max_length * self.kv_heads * self.head_size
         self._kv = np.zeros(2 * self.num_layers * self._region, np.float32)
         self._ones = np.ones((1, self.max_length), np.int64)

@@ -3,7 +3,7 @@
 
 `fuse(export_dir, out_dir, profile)` reads the export's graph without its weights, rewrites it
 (stages/fuse/graph/), checks the NPU constraints the profile knows before writing anything, then
-writes into a staging folder beside `out_dir` and renames it into place:
+writes into `out_dir` (new or empty: pipeline.core.output.output_folder; the build runner stages and swaps):
 
     model.onnx         the fused graph: nodes of domain ai.raipack with their local functions
     model.onnx.data    CPU-side tensors (embedding, final norm, a float lm_head)
@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import shutil
-import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
-from pipeline.checks.provider import is_power_of_two, pow2_floor
 from pipeline.core.errors import RaipackError
 from pipeline.core.findings import Finding
+from pipeline.core.output import output_folder
 from pipeline.npu import formats
 from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
-from stages.source.gguf import atomic_replace_dir
+from pipeline.npu.settings import NpuSettings, SettingsError, is_power_of_two
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
 CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -46,41 +45,13 @@ class FuseError(RaipackError):
     """A fuse input or setting that cannot make a package; str() is the sentence, `hint` the next step."""
 
 
-def lengths_for(profile: dict, context_length: int | None) -> dict:
-    """Tiers and lengths of a package built for `profile` from a model of `context_length` positions.
-    search.max_length is the largest token tier within both the profile's max_length and the model's
-    context; tiers above it are not written."""
-    search = profile["genai"]["search"]
-    prof_max = int(search.get("max_length") or max(profile["buckets"]["token"]))
-    limit = min(prof_max, context_length) if context_length else prof_max
-    token = sorted(t for t in profile["buckets"]["token"] if t <= limit)
-    if not token:
-        raise FuseError(
-            f"the model's context of {context_length} positions is below every token tier of profile {profile['id']} ({sorted(profile['buckets']['token'])})",
-            "choose a profile whose token tiers fit the model's context length")
-    max_length = token[-1]
-    prefill = sorted(t for t in profile["buckets"]["prefill"] if t <= max_length)
-    if not prefill:
-        raise FuseError(f"profile {profile['id']} has no prefill tier at or below max_length {max_length}", "fix the profile's prefill tiers")
-    chunk = search.get("chunk_size")
-    if chunk is not None and int(chunk) not in prefill:
-        raise FuseError(f"profile {profile['id']} sets chunk_size {chunk}, which is not one of its prefill tiers {prefill}",
-                        "make chunk_size one of the prefill tiers: every prefill chunk runs a tier's plan")
-    opts = profile["genai"]["options"]
-    cc = opts.get("hybrid_opt_chunk_context", {})
-    allowed = cc.get("allowed") or ["0", "1"]
-    mpl = {v: min(int(n), max_length) for v, n in profile.get("max_prompt_length", {}).items()}
-    need_chunks = any(n > prefill[-1] for n in mpl.values())
-    if cc.get("required") and allowed == ["1"]:
-        chunked = True
-    elif need_chunks and "1" in allowed and "hybrid_opt_chunk_context" in opts:
-        chunked = True
-    else:
-        chunked = False
-    if not chunked:
-        mpl = {v: min(n, prefill[-1]) for v, n in mpl.items()}
-    return {"max_length": max_length, "prefill": prefill, "token": token, "chunk_size": int(chunk) if chunk is not None else None,
-            "chunked": chunked, "max_prompt_length": mpl, "npu_seq": prefill[-1], "max_length_pow2": pow2_floor(max_length)}
+def lengths_for(profile: dict, context_length: int | None) -> NpuSettings:
+    """The NPU settings of a package built for `profile` from a model of `context_length` positions
+    (pipeline/npu/settings.py: the same model the checks and the runtime read)."""
+    try:
+        return NpuSettings.from_profile(profile, context_length)
+    except SettingsError as err:
+        raise FuseError(str(err), err.hint) from None
 
 
 def _token_window(token_tiers: list[int], end: int) -> int:
@@ -150,7 +121,7 @@ def _json(path: Path, doc) -> int:
 
 
 def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | None = None, progress=None) -> dict:
-    """Fuse an OGA int4 export into a reference package at `out_dir` (replaced atomically). Returns the
+    """Fuse an OGA int4 export into a reference package in `out_dir` (new or empty). Returns the
     report: fused nodes, bytes written, constraint findings (dicts like validator findings), seconds."""
     import onnx
 
@@ -167,7 +138,8 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     model = onnx.load(str(export_dir / graph_name), load_external_data=False)
     context = int(genai["model"].get("context_length") or 0) or None
     profile = profiles.for_model(profile, genai["model"].get("type"))
-    L = lengths_for(profile, context)
+    settings = lengths_for(profile, context)
+    L = settings.report()
     findings: list[Finding] = []
     if not is_power_of_two(L["npu_seq"]):
         findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be",
@@ -191,14 +163,8 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         findings.append(Finding("fuse-config", "error", "config.json", f"{config_src} has no Quark quantization_config; profile {profile['id']} packages keep it",
                                 "pass the Quark export folder as quark_dir", "/quantization_config"))
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it 0700; a package folder is as readable as any other
-    src = _Source(export_dir, model)
     written: dict[str, int] = {}
-    try:
+    with closing(_Source(export_dir, model)) as src, output_folder(out_dir) as stage:
         out_model = fg.model
         inits = {t.name: t for t in out_model.graph.initializer}
         npu = set(fg.npu_initializers)
@@ -329,7 +295,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         gen_cfg = {}
         if (stage / "generation_config.json").is_file():
             gen_cfg = json.loads((stage / "generation_config.json").read_text("utf-8"))
-        new_genai = _genai_config(genai, profile, L, gen_cfg)
+        new_genai = _genai_config(genai, settings.provider_options(profile), L, gen_cfg)
         written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
         written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
         written["config.json"] = _json(stage / "config.json", model_config)
@@ -338,13 +304,6 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         written["README.md"] = len(card.encode())
         for name in copied:
             written.setdefault(name, (stage / name).stat().st_size)
-
-        atomic_replace_dir(stage, out_dir)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    finally:
-        src.close()
 
     return {
         "backend": "reference",
@@ -371,11 +330,9 @@ def _counts(fused) -> dict:
     return out
 
 
-def _genai_config(genai: dict, profile: dict, L: dict, gen_cfg: dict) -> dict:
+def _genai_config(genai: dict, opts: dict, L: dict, gen_cfg: dict) -> dict:
     doc = json.loads(json.dumps(genai))
     dec = doc["model"]["decoder"]
-    lengths = {"max_length": L["max_length"], "max_length_pow2": L["max_length_pow2"], "npu_seq": L["npu_seq"], "chunked": "1" if L["chunked"] else "0"}
-    opts = {name: rule["build"].format(**lengths) for name, rule in profile["genai"]["options"].items() if "build" in rule}
     session = dict(dec.get("session_options") or {})
     session.setdefault("log_id", "onnxruntime-genai")
     session["provider_options"] = [{"RyzenAI": opts}]
@@ -421,6 +378,6 @@ def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findi
     if left or findings:
         lines += ["", "## Not on the NPU", ""]
         lines += [f"- {f.severity}: {f.message}" for f in findings]
-    lines += ["", "## Run it", "", "```python", "from pipeline.runtime.reference import ReferenceRuntime",
-              "rt = ReferenceRuntime(\"<this folder>\")", "tokens = rt.generate(prompt_ids, max_new_tokens=64)", "```", ""]
+    lines += ["", "## Run it", "", "```sh", "raipack run <this folder> --prompt \"What is the capital of France?\"", "```", "",
+              "`raipack validate <this folder>` checks it first; `raipack run --help` lists the options.", ""]
     return "\n".join(lines)

@@ -1,0 +1,36 @@
+"""A model's dimensions as a package's configs give them (layers, heads, KV heads, head size,
+hidden size, vocabulary), each with the file and JSON pointer it came from."""
+
+from __future__ import annotations
+
+from pipeline.npu.settings import as_count as _count
+
+GENAI = "genai_config.json"
+
+
+def model_dims(genai, model_config) -> dict[str, dict[str, tuple[int, str, str]]]:
+    """dimension → source label → (value, file, pointer), from genai_config.json and config.json
+    (parsed; anything else reads as empty)."""
+    out: dict[str, dict] = {}
+
+    def put(dim, label, value, file, pointer):
+        v = _count(value)  # zero or negative is RP202's finding, not a second one here
+        if v is not None:
+            out.setdefault(dim, {})[label] = (v, file, pointer)
+
+    g = genai if isinstance(genai, dict) else {}
+    model = g.get("model") if isinstance(g.get("model"), dict) else {}
+    dec = model.get("decoder") if isinstance(model.get("decoder"), dict) else {}
+    for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("head_size", "head_size"), ("hidden", "hidden_size")):
+        put(dim, "genai_config", dec.get(key), GENAI, f"/model/decoder/{key}")
+    put("vocab", "genai_config", model.get("vocab_size"), GENAI, "/model/vocab_size")
+    cfg = model_config if isinstance(model_config, dict) else {}
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("hidden", "hidden_size"), ("vocab", "vocab_size"), ("head_size", "head_dim")):
+        put(dim, "config", text.get(key), "config.json", f"/{key}")
+    if "config" not in out.get("kv_heads", {}) and _count(text.get("num_attention_heads")) and "num_key_value_heads" not in text:
+        put("kv_heads", "config", text.get("num_attention_heads"), "config.json", "/num_attention_heads")
+    h, n = _count(text.get("hidden_size")), _count(text.get("num_attention_heads"))
+    if h and n and "head_dim" not in text:
+        put("head_size", "config", h // n, "config.json", "/hidden_size")
+    return out

@@ -31,8 +31,7 @@ def make_tiny_model(family: str, out_dir: Path, *, train_steps: int = 60, seed: 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from test_stages.conftest import train_bpe_tokenizer
-    from test_stages.conftest_export import TRAIN_TEXT
+    from shared_fixtures import TRAIN_TEXT, train_bpe_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +76,7 @@ def _published_rope_form(path: Path, real: dict) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-if __name__ == "__main__":  # python tests/seed_models.py FAMILY OUT_DIR
+if __name__ == "__main__":  # python tests/seed_models.py FAMILY OUT_DIR (with raipack installed)
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     print(make_tiny_model(sys.argv[1], Path(sys.argv[2])))

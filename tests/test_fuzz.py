@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from factory import make_package
+from shared_fixtures import make_tiny_llama
 
 COUNTS = {"validate": 120, "inspect": 40, "tune": 60, "run": 40, "build": 45}
 EXIT_CODES = {  # the documented exit codes of each command (README, --help)
@@ -99,8 +100,6 @@ def fused_package(reference_packages) -> Path:
 @pytest.fixture(scope="session")
 def model_folder(tmp_path_factory) -> Path:
     """A tiny Hugging Face model folder (read-only: cases copy it)."""
-    from test_stages.conftest import make_tiny_llama
-
     return make_tiny_llama(tmp_path_factory.mktemp("fuzz-model") / "model", hidden=128, intermediate=256)
 
 

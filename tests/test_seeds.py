@@ -22,6 +22,7 @@ from pipeline.npu import profile as profiles
 from pipeline.npu.genai import ryzenai_options
 from pipeline.validate import validate
 from seed_models import FAMILIES, PACKAGES, make_tiny_model
+from shared_fixtures import TRAIN_TEXT
 
 pytestmark = pytest.mark.seeds
 MODELS: dict[str, Path] = {}
@@ -121,8 +122,6 @@ def test_long_prompt_beyond_the_4k_rope_window_matches_the_export(built, name, t
     export = OrtDecoder(Path(stage(result, "export").path), threads=2)
     chunk = rt.chunk_size
     from tokenizers import Tokenizer
-
-    from test_stages.conftest_export import TRAIN_TEXT
 
     prompt = Tokenizer.from_file(str(pkg / "tokenizer.json")).encode(TRAIN_TEXT * 40).ids[:5000]
     assert len(prompt) > 4096 >= FAMILIES[PACKAGES[name]["family"]]["config"].get("original_max_position_embeddings", 4096)

@@ -15,13 +15,12 @@ import pytest
 
 from helpers import edit_json, ryzen
 from pipeline.cli import main
-from test_stages.conftest_export import tiny_quark  # noqa: F401  (fixture used by name; shared under xdist)
 
 PROMPT = "What is the capital of France?"
 
 
 @pytest.fixture(scope="session")
-def package(tiny_quark, tmp_path_factory) -> Path:  # noqa: F811
+def package(tiny_quark, tmp_path_factory) -> Path:
     """A reference-4K package fused from the tiny Quark export, its manifest written by raipack (read-only)."""
     from pipeline.core.manifest import write
     from pipeline.npu.profile import get as get_profile
@@ -155,7 +154,7 @@ def test_fifos_and_a_non_utf8_prompt_end_with_a_sentence_not_a_hang(package, tmp
         pkg = Path(shutil.copytree(package, tmp_path / case))
         if case in ("filename", "external_data_file"):
             os.mkfifo(pkg / "pipe.onnx")
-            edit_json(pkg / "genai_config.json", lambda d: (d["model"]["decoder"] if case == "filename" else ryzen(d)).__setitem__(case, "pipe.onnx"))
+            edit_json(pkg / "genai_config.json", lambda d, case=case: (d["model"]["decoder"] if case == "filename" else ryzen(d)).__setitem__(case, "pipe.onnx"))
         elif case != "utf8":
             (pkg / case).unlink()
             os.mkfifo(pkg / case)

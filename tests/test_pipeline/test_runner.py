@@ -131,13 +131,12 @@ MUST_COVER = (*STAGES, "assemble", "rename")  # where the kills have to land, ea
 KILL_BUILD = {"output": "build", **{f"{s}.seconds": 0.4 for s in STAGES}}  # each stage about as long as the runner's checks of a package
 KILL_SCRIPT = """
 import json, sys
-sys.path.append(sys.argv[1])
 import fake_stages
 fake_stages.install()
 from pipeline.build.recipe import load
 from pipeline.build.runner import build
 fake_stages.log_phase("begin")
-result = build(load(None, json.loads(sys.argv[2])))
+result = build(load(None, json.loads(sys.argv[1])))
 fake_stages.log_phase("end")
 print(json.dumps({s.name: s.status for s in result.stages}))
 """
@@ -146,7 +145,8 @@ print(json.dumps({s.name: s.status for s in result.stages}))
 def start_build(env: Path, phases: Path | None = None, pause: float = 0.0) -> subprocess.Popen:
     """A build in a subprocess; without a phase log (a rerun), at full speed."""
     extra = {fake_stages.PHASES_ENV: str(phases), fake_stages.PAUSE_ENV: str(pause)} if phases else {fake_stages.NO_DELAY_ENV: "1"}
-    return subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(TESTS), json.dumps(KILL_BUILD)], cwd=env, env={**os.environ, **extra},
+    extra["PYTHONPATH"] = str(TESTS)  # fake_stages
+    return subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(KILL_BUILD)], cwd=env, env={**os.environ, **extra},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

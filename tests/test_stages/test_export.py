@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -12,18 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from conftest_export import (  # noqa: E402,F401  (fixtures are used by name)
-    HELDOUT_TEXT,
-    PROMPTS,
-    oga_default,
-    oga_quantized_head,
-    tiny_quark,
-)
-
-from stages.export import contract  # noqa: E402
-from stages.export.contract import (  # noqa: E402
+from shared_fixtures import HELDOUT_TEXT, PROMPTS
+from stages.export import contract
+from stages.export.contract import (
     external_data_refs,
     io_contract,
     matmulnbits_agreement,

@@ -1,6 +1,6 @@
 """Fuse stage, reference backend: the fused package, its formats, its runtime and its checks.
 
-The model is conftest_export's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
+The model is tests/shared_fixtures.py's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
 exported by the OGA builder with a 16384-position context so both reference profiles apply as they
 are. Parity is against the plain onnxruntime loop over the unfused export (stages/ortloop.py, itself
 checked against onnxruntime-genai): 64 greedy tokens identical and logits within 1e-3, at a prompt
@@ -12,17 +12,13 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from conftest_export import TRAIN_TEXT, oga_default, tiny_quark  # noqa: E402,F401  (fixtures used by name)
-
-from pipeline.npu import formats  # noqa: E402
+from pipeline.npu import formats
+from shared_fixtures import TRAIN_TEXT
 
 STEPS = 64
 TOL = 1e-3

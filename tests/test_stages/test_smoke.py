@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -168,9 +169,7 @@ def test_smoke_problems_name_what_failed():
     assert len(probs) == 4 and any("NaN" in p for p in probs) and any("'Paris'" in p for p in probs)
 
 
-FAKE_TOOL = """#!{python}
-import sys
-sys.path.append({tests!r})
+FAKE_TOOL = """import sys
 from pathlib import Path
 from factory import make_package
 args = sys.argv[1:]
@@ -187,8 +186,11 @@ for item in pkg.iterdir():
 
 
 def fake_tool(tmp_path, fail=False):
+    """An executable `model_generate` that runs FAKE_TOOL with tests/ on its import path."""
+    script = tmp_path / "model_generate.py"
+    script.write_text(FAKE_TOOL.format(fail=fail))
     path = tmp_path / "model_generate"
-    path.write_text(FAKE_TOOL.format(python=sys.executable, tests=TESTS, fail=fail))
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(TESTS)} exec {shlex.quote(sys.executable)} {shlex.quote(str(script))} "$@"\n')
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return path
 

@@ -1,0 +1,141 @@
+"""The layers and the style rules, checked on every `make test`.
+
+- import-linter's contracts (pyproject.toml [tool.importlinter]) are all kept, and each of them bites: a
+  copy of pipeline/ and stages/ with one deliberately broken import per contract fails, naming it;
+- ruff (pyproject.toml [tool.ruff]) finds nothing, and its statement limit bites;
+- pyproject.toml's hand-written package list is exactly the folders that have an __init__.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+CONTRACTS = PYPROJECT["tool"]["importlinter"]["contracts"]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+WIDE = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}  # one contract, one line
+
+
+def lint_imports(folder: Path) -> subprocess.CompletedProcess:
+    """lint-imports run on `folder` (it imports the packages from its working folder); no cache written."""
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo", "pyproject.toml"], cwd=folder, env=WIDE,
+                          capture_output=True, text=True, timeout=120)
+
+
+def broken_section(output: str, name: str) -> str:
+    """The part of lint-imports' "Broken contracts" listing under contract `name` ("" if it is not there)."""
+    _, _, broken = output.partition("Broken contracts")
+    names = [c["name"] for c in CONTRACTS]
+    lines = broken.splitlines()
+    if name not in lines:
+        return ""
+    start = lines.index(name) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i] in names), len(lines))
+    return "\n".join(lines[start:end])
+
+
+# ------------------------------------------------------------------------------ import-linter
+
+
+def test_every_layer_contract_is_kept():
+    proc = lint_imports(REPO)
+    assert proc.returncode == 0, f"lint-imports found a broken layer contract:\n{proc.stdout[proc.stdout.find('Contracts'):]}{proc.stderr}"
+    for contract in CONTRACTS:
+        assert f"{contract['name']} KEPT" in proc.stdout
+
+
+def _first(entry: str) -> str:
+    """The first module of a layer entry ("a : b" siblings, "a | b" independent siblings)."""
+    return entry.replace("|", ":").split(":")[0].strip()
+
+
+def _breaking_import(contract: dict) -> tuple[str, str]:
+    """(importer, imported): one import that contract forbids."""
+    kind = contract["type"]
+    if kind == "layers":
+        return _first(contract["layers"][-1]), _first(contract["layers"][0])  # the foundation imports the top
+    if kind == "independence":
+        return contract["modules"][0], contract["modules"][1]
+    if kind == "forbidden":
+        return contract["source_modules"][0], contract["forbidden_modules"][0]
+    pytest.fail(f"contract {contract['name']!r} is of type {kind!r}: add the import that breaks it to _breaking_import")
+
+
+def _source_file(root: Path, module: str) -> Path:
+    path = root.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def test_every_contract_bites(tmp_path):
+    """A copy of the code with one import per contract that breaks it: lint-imports fails and names that
+    contract and that import (at the line it was added on)."""
+    for name in ("pipeline", "stages"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    added = {}
+    for contract in CONTRACTS:
+        importer, imported = _breaking_import(contract)
+        source = _source_file(tmp_path, importer)
+        text = source.read_text()
+        text += ("" if text.endswith("\n") or not text else "\n") + f"import {imported}\n"
+        source.write_text(text)
+        added[contract["name"]] = f"{importer} -> {imported} (l.{text.count(chr(10))})"
+
+    proc = lint_imports(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for name, line in added.items():
+        assert f"{name} BROKEN" in proc.stdout, proc.stdout
+        assert line in broken_section(proc.stdout, name), f"{name!r} does not name {line}:\n{proc.stdout}"
+
+
+# ------------------------------------------------------------------------------ ruff
+
+
+def ruff(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", *args],
+                          cwd=cwd, env=WIDE, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_finds_nothing():
+    assert "ruff" in PYPROJECT["tool"], "pyproject.toml has no [tool.ruff] configuration"
+    proc = ruff()
+    assert proc.returncode == 0, f"ruff check:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
+
+
+def test_ruff_limits_a_function_size(tmp_path):
+    """A function of 80 statements breaks the configured statement limit (PLR0915)."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}    return x0\n")
+    proc = ruff("--config", str(REPO / "pyproject.toml"), str(tmp_path / "long.py"), cwd=tmp_path)
+    assert proc.returncode == 1 and "PLR0915" in proc.stdout, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------ packaging
+
+
+def test_package_list_matches_the_folders():
+    """setuptools ships exactly pyproject's list: a folder of modules left off it would be missing from
+    an installed raipack; a listed one that is gone breaks the install."""
+    setup = PYPROJECT["tool"]["setuptools"]
+    folders = {name: REPO / path for name, path in setup.get("package-dir", {}).items()}
+    found = set()
+    for top in ("pipeline", "stages"):
+        for init in (REPO / top).rglob("__init__.py"):
+            found.add(".".join(init.parent.relative_to(REPO).parts))
+    for name, path in folders.items():
+        assert (path / "__init__.py").is_file(), f"{name} ({path}) has no __init__.py"
+        found.add(name)
+    missing_init = sorted(str(d.relative_to(REPO)) for top in ("pipeline", "stages") for d in (REPO / top).rglob("*")
+                          if d.is_dir() and "__pycache__" not in d.parts and any(d.glob("*.py")) and not (d / "__init__.py").exists())
+    assert missing_init == [], f"folders of modules without an __init__.py: {missing_init}"
+    assert sorted(setup["packages"]) == sorted(found), (
+        f"pyproject.toml [tool.setuptools] packages: add {sorted(found - set(setup['packages']))}, "
+        f"remove {sorted(set(setup['packages']) - found)}")

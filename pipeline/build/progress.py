@@ -3,6 +3,9 @@
 Three modes: `rich` (a terminal: bars and colours, honours NO_COLOR), `plain`
 (not a terminal: a line per stage and every 10 % of a step), `json` (JSON
 lines on stderr, for CI logs); `quiet` prints only errors and the summary.
+While a stage runs, its libraries' output goes to the stage's log.txt
+(pipeline.build.logs) and these lines keep going to the terminal; `verbose`
+shows the libraries' output live as well.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from contextlib import contextmanager
 
 
 class Progress:
-    def __init__(self, mode: str = "auto", stream=None):
+    def __init__(self, mode: str = "auto", stream=None, verbose: bool = False):
         self.stream = stream or sys.stderr
+        self.verbose = verbose
+        self._logs: dict[str, str] = {}
         if mode == "auto":
             mode = "rich" if getattr(self.stream, "isatty", lambda: False)() else "plain"
         self.mode = mode
@@ -25,6 +30,27 @@ class Progress:
             from rich.console import Console
 
             self._console = Console(file=self.stream)
+
+    @contextmanager
+    def writing_to(self, stream):
+        """Write to `stream` for a while if this writes to fd 2, which is then redirected to a log."""
+        if _fileno(self.stream) != 2:
+            yield
+            return
+        old = self.stream
+        self.stream = stream
+        if self._console:
+            self._console.file = stream
+        try:
+            yield
+        finally:
+            self.stream = old
+            if self._console:
+                self._console.file = old
+
+    def logged(self, stage: str, path: str):
+        """The libraries said something while `stage` ran: its stage line names the file."""
+        self._logs[stage] = path
 
     # -- events ----------------------------------------------------------
     def event(self, kind: str, **fields):
@@ -43,7 +69,10 @@ class Progress:
 
     def stage(self, name: str, status: str, seconds: float, detail: str = ""):
         self.close_bars()
-        self.event("stage", stage=name, status=status, seconds=round(seconds, 2), detail=detail)
+        log = self._logs.pop(name, None)
+        self.event("stage", stage=name, status=status, seconds=round(seconds, 2), detail=detail, **({"log": log} if log else {}))
+        if log:
+            detail = f"{detail} · log: {log}" if detail else f"log: {log}"
         mark = {"built": "✔", "cached": "✔", "failed": "✘", "skipped": "·"}.get(status, "•")
         style = {"failed": "red", "cached": "dim"}.get(status, "")
         self.line(f"{mark} {name:9} {status:7} {seconds:7.1f} s  {detail}".rstrip(), style)
@@ -54,9 +83,10 @@ class Progress:
         start = time.perf_counter()
         self.event("task", task=description, total=total, state="start")
         if self.mode == "rich" and total:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
 
-            with Bar(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console, transient=True) as bar:
+            with Bar(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console, transient=True, **_NO_REDIRECT) as bar:
                 tid = bar.add_task(description, total=total)
                 yield lambda n=1: bar.advance(tid, n)
         else:
@@ -84,9 +114,10 @@ class Progress:
             self.event("task", task=f"{description}: {what}", done=done, total=total)
             if self.mode == "rich":
                 if self._bar is None:
-                    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+                    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+                    from rich.progress import Progress as Bar
 
-                    self._bar = Bar(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console, transient=True)
+                    self._bar = Bar(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console, transient=True, **_NO_REDIRECT)
                     self._bar.start()
                 if what not in tasks:
                     tasks[what] = self._bar.add_task(f"{description}: {what}", total=total)
@@ -103,3 +134,13 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+_NO_REDIRECT = {"redirect_stdout": False, "redirect_stderr": False}  # a library's print belongs in the stage log, not above the bar
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None

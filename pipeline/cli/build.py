@@ -33,7 +33,8 @@ from pipeline.core.errors import RaipackError, UsageError
 @click.option("--trust-remote-code", is_flag=True, default=None, help="Allow a model that needs its own Python code.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
 @click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
-def build(model_dir, recipe, profile, name, output, until, from_, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log):
+@click.option("--verbose", "-v", is_flag=True, help="Also show the libraries' own output live (always kept in each stage's log.txt).")
+def build(model_dir, recipe, profile, name, output, until, from_, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log, verbose):
     """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
     if group_size is not None and group_size != "auto":
         if not group_size.isdigit():
@@ -43,17 +44,17 @@ def build(model_dir, recipe, profile, name, output, until, from_, force, verify_
                  "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
                  "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
     mode = "json" if json_log else "quiet" if quiet else "auto"
-    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache))
+    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache, verbose=verbose))
 
 
-def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False) -> int:
+def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False, verbose=False) -> int:
     os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
 
     from pipeline.build.progress import Progress
     from pipeline.build.recipe import load
     from pipeline.build.runner import build
 
-    progress = Progress(mode)
+    progress = Progress(mode, verbose=verbose)
     recipe = load(Path(recipe_path) if recipe_path else None, overrides)
     progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}" + (" (the example model)" if recipe.is_example else f" from {recipe.model}"))
     try:

@@ -19,7 +19,7 @@ from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.build import cache, staging, swap
+from pipeline.build import cache, logs, staging, swap
 from pipeline.core import manifest
 from pipeline.npu import profile as profiles
 from pipeline.core import stage as stages
@@ -170,7 +170,8 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
     job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
     try:
         try:
-            report = st.run(job) or {}
+            with logs.captured(job):  # the libraries' output goes to the stage's log.txt
+                report = st.run(job) or {}
         except RaipackError:
             raise
         except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/crash.py)
@@ -267,7 +268,7 @@ def _assemble(target: Path, fused: Path, reports, recipe, profile, results, star
 def _copy_tree(src: Path, dst: Path) -> None:
     """Copy a cache entry's files (not its manifest) into `dst`, each in storage of its own and
     writable like a new file: a user editing the package never touches the cache."""
-    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(manifest.NAME), dirs_exist_ok=True)
+    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(manifest.NAME, logs.LOG_NAME), dirs_exist_ok=True)
     umask = os.umask(0)
     os.umask(umask)
     for dirpath, _, _ in os.walk(dst):  # copytree gave the folders the entry's read-only mode

@@ -24,7 +24,6 @@ import resource
 import shutil
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,7 +45,7 @@ DEFAULT_SEQ_LEN = 256
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Files of the source that describe its *unquantized* weights: never copied over the export.
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin.index.json")
-NEVER_COPY = ("config.json", "manifest.json")
+NEVER_COPY = ("config.json", "manifest.json", "log.txt")  # log.txt: a build stage's library log (pipeline.build.logs)
 
 
 class QuantizeError(ValueError):
@@ -543,8 +542,7 @@ def quantize(
     model_type = _text_config(cfg).get("model_type") or cfg.get("model_type")
     chosen, warning = resolve_group_size(cfg, group_size, exclude)
     if warning:
-        warns.append(warning)
-        warnings.warn(warning, stacklevel=2)
+        warns.append(warning)  # the quantize stage prints it as one line
     if out_dir.resolve() == src_dir.resolve():
         raise QuantizeError(f"{out_dir}: the output folder must differ from the source folder")
 

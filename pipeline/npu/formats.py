@@ -77,16 +77,6 @@ def sha256_hex(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(chunk)
-            if not block:
-                return h.hexdigest()
-            h.update(block)
-
-
 # ----------------------------------------------------------------------------- the header
 
 
@@ -414,7 +404,7 @@ def plan_problems(plan: dict, *, phase: str | None = None, tier: int | None = No
                 out.append((f"/tensors/{b['past']}/shape", f"{b['past']} is {tensors[b['past']]['shape']} but its KV binding is {b['shape']}"))
             spans.append((b["offset"], b["offset"] + kv["region_bytes"], b["past"]))
         spans.sort()
-        for (s1, e1, n1), (s2, _, n2) in zip(spans, spans[1:]):
+        for (_s1, e1, n1), (s2, _, n2) in zip(spans, spans[1:]):
             if e1 > s2:
                 out.append(("/kv_cache/bindings", f"KV regions of {n1} and {n2} overlap"))
         if spans and spans[-1][1] > kv["total_bytes"]:

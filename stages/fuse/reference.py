@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline.core.errors import RaipackError
 from pipeline.core.findings import Finding
+from pipeline.core.hashing import sha256_file
 from pipeline.core.output import output_folder
 from pipeline.npu import formats
 from pipeline.npu import profile as profiles
@@ -230,7 +231,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
         (stage / "model.pb.bin").write_bytes(header_bytes)
         written["model.pb.bin"] = len(header_bytes)
         header_sha = formats.sha256_hex(header_bytes)
-        graph_sha = formats.sha256_file(stage / "model.onnx")
+        graph_sha = sha256_file(stage / "model.onnx")
 
         # ---- cache/: descriptor + meta per fused node -------------------------------------------------
         cache = stage / "cache"

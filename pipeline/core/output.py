@@ -1,10 +1,13 @@
-"""Writing files atomically, and whether to colour the terminal."""
+"""Writing files atomically, the folder a stage writes into, and whether to colour the terminal."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core.errors import RaipackError
@@ -12,6 +15,32 @@ from pipeline.core.errors import RaipackError
 
 def use_color(stream) -> bool:
     return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+
+
+@contextmanager
+def output_folder(folder: Path) -> Iterator[Path]:
+    """The folder a stage function writes into, and nothing else: created when missing, refused when
+    not empty (nothing of a user's is ever replaced or deleted). If the body fails, what it wrote is
+    removed again, and the folder too when this call created it. Staging, validating and swapping a
+    finished output into place is the build runner's alone (pipeline/build/runner.py, swap.py)."""
+    folder = Path(folder)
+    created = not folder.exists() and not folder.is_symlink()
+    if not created and (folder.is_symlink() or not folder.is_dir() or any(folder.iterdir())):
+        raise RaipackError(f"{folder} is not an empty folder; a stage writes only into a new or empty one",
+                           "choose a new output folder, or remove this one first")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RaipackError(f"cannot create {folder}: {exc.strerror or exc}", "choose a folder you can write to") from None
+    try:
+        yield folder
+    except BaseException:
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for item in folder.iterdir():
+                shutil.rmtree(item, ignore_errors=True) if item.is_dir() and not item.is_symlink() else item.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

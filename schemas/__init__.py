@@ -1,1 +1,1 @@
-"""JSON Schemas (draft 2020-12) shipped as package data; see pipeline/schemas.py."""
+"""JSON Schemas (draft 2020-12) shipped as package data; see pipeline/core/schemas.py."""

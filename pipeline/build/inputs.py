@@ -1,12 +1,12 @@
 """Check a build's input model folder before any heavy work. Nothing in it is run.
 
-Every entry must be a regular file or folder inside the model folder (pipeline/model_files.py
+Every entry must be a regular file or folder inside the model folder (pipeline/build/model_files.py
 says which symlinks are followed and why); Git LFS pointers are refused. Every JSON file is
 read with a size cap, refusing special files (FIFO, device) and JSON that is nested too
 deeply or holds non-finite numbers; config.json's sizes and the tokenizer's and generation
 config's ids are checked against each other; each safetensors header is read and checked
 against its file; the chat template is parsed. Then what transformers will build from the
-folder, its config object and its tokenizer, is built once (pipeline/hf_checks.py). Each
+folder, its config object and its tokenizer, is built once (pipeline/build/hf_checks.py). Each
 refusal is one sentence naming the file and the field, raised before any stage runs (exit 2).
 """
 
@@ -247,7 +247,7 @@ def _check_generation(path: Path, cfg: dict) -> dict | None:
 
 
 def _check_chat_templates(path: Path, tok_cfg: dict) -> str | None:
-    """Parse every chat template of the folder without running it (pipeline/hf_checks.py says
+    """Parse every chat template of the folder without running it (pipeline/build/hf_checks.py says
     what is refused); returns where the template the tokenizer uses comes from, for messages."""
     from pipeline.build.hf_checks import template_problem
 

@@ -174,7 +174,7 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
                 report = st.run(job) or {}
         except RaipackError:
             raise
-        except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/crash.py)
+        except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/build/crash.py)
             raise stage_crashed(st.name, recipe, profile, exc) from exc
         manifest.mark_incomplete(work)  # the stage may have replaced the folder
         lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],

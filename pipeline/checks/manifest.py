@@ -58,7 +58,7 @@ def manifest(ctx):
 def lfs_oids_from_git(ctx, paths) -> tuple[dict[str, str], list]:
     """path -> sha256 recorded in the Git LFS pointers that a git clone's index
     holds for `paths`, and findings for what could not be read. The index and
-    objects are read as files (pipeline/gitread.py): git itself never runs in
+    objects are read as files (pipeline/core/gitread.py): git itself never runs in
     a package, so nothing its `.git/config` or hooks name can run."""
     from pipeline.core.gitread import GitReadError, MissingObject, NotFollowed, Repo
     from pipeline.core.package import LFS_MAX_SIZE, parse_lfs_pointer

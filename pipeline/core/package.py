@@ -26,7 +26,7 @@ LFS_MAX_SIZE = 1024  # real pointers are ~130 bytes
 JSON_MAX_BYTES = 64 * 1024 * 1024  # a larger "JSON" file is refused, not read
 # The decoder graph keeps its weights in external data: AMD's and the OGA builder's model.onnx
 # files are well under a MiB for an 8B model. Parsing costs about 150 bytes of memory per protobuf
-# message, so besides the size, the number of messages is capped before parsing (pipeline/protowire.py).
+# message, so besides the size, the number of messages is capped before parsing (pipeline/core/protowire.py).
 GRAPH_MAX_BYTES = 64 * 1024 * 1024
 GRAPH_MAX_NODES = 100_000  # an 8B decoder has a few thousand
 GRAPH_MAX_FIELDS = 500_000  # protobuf fields of any kind (an 8B decoder has about 25 000); scanning them takes at most ~1 s

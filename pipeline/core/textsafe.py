@@ -85,7 +85,7 @@ def safe_finding(f):
 
 
 def safe_results(results) -> list:
-    """Copies of validation results (pipeline/findings.py) whose every text
+    """Copies of validation results (pipeline/core/findings.py) whose every text
     field is safe to print or write; what each reporter formats."""
     return [replace(r, root=safe(r.root, PATH_LIMIT), profile=safe(r.profile), profile_reason=safe(r.profile_reason),
                     findings=[safe_finding(f) for f in r.findings]) for r in results]

@@ -3,7 +3,7 @@ raipack's manifest lists each file once.
 
 The repositories here are made with the real `git` (run in the tests' own
 temporary repositories, with no global or system configuration); raipack
-itself must never run git in a package (pipeline/gitread.py reads the files).
+itself must never run git in a package (pipeline/core/gitread.py reads the files).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every reporter (text, json, junit, sarif) and `raipack inspect` escape control
 characters (C0, C1, DEL), bidi overrides and bytes that are not UTF-8, and
-shorten long values (pipeline/textsafe.py); reports written with `-o` and a
+shorten long values (pipeline/core/textsafe.py); reports written with `-o` and a
 strict UTF-8 stdout never raise, and JUnit stays well-formed XML.
 """
 

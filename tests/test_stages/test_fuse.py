@@ -2,7 +2,7 @@
 
 The model is tests/shared_fixtures.py's tiny Quark export (2 layers, hidden 256, uint4 g128, lm_head float),
 exported by the OGA builder with a 16384-position context so both reference profiles apply as they
-are. Parity is against the plain onnxruntime loop over the unfused export (stages/ortloop.py, itself
+are. Parity is against the plain onnxruntime loop over the unfused export (pipeline/runtime/ortloop.py, itself
 checked against onnxruntime-genai): 64 greedy tokens identical and logits within 1e-3, at a prompt
 length inside every prefill tier, across a token-tier boundary and through chunked prefill.
 """

@@ -1,6 +1,7 @@
 # raipack — every target creates the virtual environment itself on first use.
 #   make demo   build the example package (SmolLM2-135M-Instruct) end to end
 #   make test   run every test, including one end-to-end build of the example model
+#   make lint   only the layer contracts and ruff (make test runs them too, in tests/test_layers.py)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
-.PHONY: demo test test-fast validate-light bench constraints clean distclean
+.PHONY: demo test test-fast lint validate-light bench constraints clean distclean
 
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside
@@ -42,6 +43,10 @@ test: $(STAMP) $(LIGHT)/.installed
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) -m "not slow" --dist loadgroup
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check --no-cache
 
 bench: $(STAMP)
 	$(PY) bench/run.py

@@ -76,7 +76,7 @@ def timed(cmd, env=None) -> tuple[float, float]:
 
 
 def ppl(folder: Path) -> float:
-    code = ("import sys; from stages.quantize.quality import load_hf, perplexity; from stages.quantize.calibration import heldout_text;"
+    code = ("import sys; from stages.quantize.quality import load_hf, perplexity; from pipeline.data import heldout_text;"
             "m, t = load_hf(sys.argv[1]); print(perplexity(m, t, heldout_text()))")
     return float(subprocess.run([PY, "-c", code, str(folder)], capture_output=True, text=True, check=True).stdout.split()[-1])
 

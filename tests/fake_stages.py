@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from factory import make_package
-from pipeline.core import stage as stage_mod
+from pipeline.build import stages as stage_mod
 from pipeline.core.stage import Stage
 
 CALLS = Path(os.environ.get("RAIPACK_FAKE_CALLS", "/dev/null"))

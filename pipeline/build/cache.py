@@ -101,7 +101,7 @@ def seal(path: Path) -> None:
     """Make a committed entry read-only and record the stat of every item in it."""
     path = Path(path)
     try:
-        for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for dirpath, _dirnames, filenames in os.walk(path, topdown=False):
             for name in filenames:
                 p = os.path.join(dirpath, name)
                 if not os.path.islink(p):

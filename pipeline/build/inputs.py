@@ -16,10 +16,11 @@ import os
 import stat
 from pathlib import Path
 
-from pipeline.data import load_data
+from pipeline.build.model_files import LFS_HINT, check_entries, check_safetensors
+from pipeline.build.model_files import short as _short
 from pipeline.core.errors import UsageError
-from pipeline.build.model_files import LFS_HINT, check_entries, check_safetensors, short as _short
 from pipeline.core.package import JSON_MAX_BYTES, LFS_MAGIC, JsonError, parse_json
+from pipeline.data import load_data
 
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 FIX_CONFIG = "fix config.json, or use the config.json the model was published with"
@@ -67,7 +68,11 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
     _check_tokenizer(path, cfg_path, cfg.get("vocab_size"), tok_cfg)
     generation = _check_generation(path, cfg)
     template = _check_chat_templates(path, tok_cfg)
-    from pipeline.build.hf_checks import check_config_class, check_generation_config, check_tokenizer_loads  # imports transformers (the build needs it next anyway)
+    from pipeline.build.hf_checks import (  # imports transformers (the build needs it next anyway)
+        check_config_class,
+        check_generation_config,
+        check_tokenizer_loads,
+    )
 
     if not cfg.get("auto_map"):  # a model of its own code: its config class is its own code too
         check_config_class(cfg_path, cfg)

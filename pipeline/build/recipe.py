@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomllib
+
+from pipeline.build import stages
 from pipeline.core import schemas
 from pipeline.core.errors import UsageError
 from pipeline.core.findings import Finding
 
 EXAMPLE_NAME = "SmolLM2-135M-Instruct"
-STAGE_TABLES = ("source", "quantize", "export", "fuse", "smoke")
 
 
 class RecipeError(UsageError):
@@ -74,8 +75,9 @@ def load(path: Path | None, overrides: dict | None = None) -> Recipe:
         else:
             doc[key] = value
     check(doc, where)
-    top = {k: v for k, v in doc.items() if k not in STAGE_TABLES}
-    recipe = Recipe(**top, stages={t: dict(doc.get(t, {})) for t in STAGE_TABLES}, path=str(path) if path else None)
+    tables = stages.order()
+    top = {k: v for k, v in doc.items() if k not in tables}
+    recipe = Recipe(**top, stages={t: dict(doc.get(t, {})) for t in tables}, path=str(path) if path else None)
     if recipe.is_example and recipe.expected_answer is None:
         recipe.expected_answer = "Paris"
     return recipe

@@ -15,21 +15,21 @@ import json
 import os
 import shutil
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from pipeline.build import cache, logs, staging, swap
-from pipeline.core import manifest
-from pipeline.npu import profile as profiles
-from pipeline.core import stage as stages
+from pipeline.build import cache, logs, stages, staging, swap
 from pipeline.build.config import config_dict, parse_config
 from pipeline.build.crash import stage_crashed
-from pipeline.core.errors import RaipackError, UsageError
 from pipeline.build.inputs import check_model_dir
-from pipeline.core.output import atomic_write_text
 from pipeline.build.progress import Progress
 from pipeline.build.recipe import Recipe
+from pipeline.core import manifest
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.core.output import atomic_write_text
+from pipeline.core.stage import Job
+from pipeline.npu import profile as profiles
 
 
 class StageFailed(RaipackError):
@@ -100,8 +100,9 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     outputs: dict[str, Path] = {}
     reports: dict[str, dict] = {}
     results: list[StageResult] = []
+    model_stage, package_stage = stages.of_kind(stages.MODEL_KIND), stages.of_kind(stages.PACKAGE_KIND)
     if recipe.model is not None:
-        outputs["source"] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+        outputs[model_stage] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
     for name in names:  # what a later stage would refuse, refused before the first one spends minutes
         st = stages.get(name)
         if st.preflight is not None:
@@ -112,7 +113,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         staging.sweep_cache(root)
         forcing = force
         for name in names:
-            if name == "source" and recipe.model is not None:
+            if name == model_stage and recipe.model is not None:
                 continue
             if from_ == name:
                 forcing = True
@@ -140,8 +141,8 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
             _link_stage_output(out_root, pkg_name, name, path)
         package = None
         findings = []
-        if "fuse" in outputs:
-            package, findings = _assemble(out_root / pkg_name, outputs["fuse"], reports, recipe, profile, results, start, root)
+        if package_stage in outputs:
+            package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root)
         return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
     finally:
         staging.release(root)
@@ -167,7 +168,7 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
     work = final.parent / f".staging-{ckey}-{os.getpid()}"
     cache.remove(work)
     work.mkdir()
-    job = stages.Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
+    job = Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
     try:
         try:
             with logs.captured(job):  # the libraries' output goes to the stage's log.txt
@@ -176,7 +177,8 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
             raise
         except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/build/crash.py)
             raise stage_crashed(st.name, recipe, profile, exc) from exc
-        manifest.mark_incomplete(work)  # the stage may have replaced the folder
+        report = _relocated(report, work, final)  # the staging folder's name never outlives it
+        manifest.mark_incomplete(work)  # after run(): a stage gets an empty folder
         lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
         doc = manifest.describe(work, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
@@ -189,6 +191,17 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
         cache.remove(work)
         raise
     return final, report
+
+
+def _relocated(value, work: Path, final: Path):
+    """`value` (a stage's report) with every mention of its staging folder naming the final one."""
+    if isinstance(value, str):
+        return value.replace(str(work), str(final))
+    if isinstance(value, dict):
+        return {k: _relocated(v, work, final) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_relocated(v, work, final) for v in value]
+    return value
 
 
 def _commit(work: Path, final: Path, doc: dict) -> None:
@@ -233,8 +246,8 @@ def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> 
     os.replace(tmp, link)
 
 
-def _assemble(target: Path, fused: Path, reports, recipe, profile, results, start, root: Path):
-    """Copy the fused package next to its build report, validate, rename into place."""
+def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path):
+    """Copy the output of the package stage next to its build report, validate, rename into place."""
     prefix = f".{target.name}.staging-"
     staging.sweep_beside(target.parent, prefix, root)
     swap.recover(target, partial(staging.alive, root=root))
@@ -249,7 +262,7 @@ def _assemble(target: Path, fused: Path, reports, recipe, profile, results, star
         from pipeline.build.model_card import append_build_numbers
 
         append_build_numbers(work / "README.md", draft.report())
-        doc = manifest.describe(work, "package", lineage={"inputs": [{"stage": "fuse", "path": str(fused), "sha256": cache.folder_digest(fused)}],
+        doc = manifest.describe(work, "package", lineage={"inputs": [{"stage": stage, "path": str(fused), "sha256": cache.folder_digest(fused)}],
                                 "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key} for r in results]},
                                 tools=draft.report()["tools"], extra={"target_profile": profile["id"]})
         result = _validate_with_manifest(work, doc)

@@ -1,9 +1,10 @@
 """Leftovers of killed builds: staging folders whose build is gone.
 
 Every folder a build writes before it is finished carries the build's process id in its name:
-`.staging-<key>-<pid>` in the cache and what the stages derive from that name beside it
-(`..staging-<key>-<pid>.tmp-*`, `.staging-*`, `.cache-*`, `.old-*`), a discarded entry's
-`.discarded-<key>-<pid>`, and `.<package>.staging-<pid>` beside the package.
+`.staging-<key>-<pid>` in the cache (a stage writes only inside it), a discarded entry's
+`.discarded-<key>-<pid>`, and `.<package>.staging-<pid>` beside the package. Folders that stages
+of earlier raipack versions made beside their staging folder (`..staging-<key>-<pid>.tmp-*`,
+`.cache-*`, ...) carry the same pid and are swept alike.
 
 A build holds an exclusive `flock` on `<cache>/locks/<pid>` for its whole life. The kernel drops
 the lock when the process ends, however it ends, so "is that build still running" has an exact

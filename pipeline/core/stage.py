@@ -1,14 +1,11 @@
-"""The stage contract and the registry that finds stages by name."""
+"""The stage contract: what a stage is (Stage) and what its run() gets (Job).
+The registry that finds stages is the build runner's (pipeline/build/stages.py)."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-
-from pipeline.core.errors import UsageError
-from pipeline.data import load_data
 
 
 @dataclass(frozen=True)
@@ -16,9 +13,10 @@ class Stage:
     """One build step.
 
     `run(job)` reads `job.inputs` (upstream outputs by stage name), writes
-    into `job.workdir` and returns its report (JSON-able). The runner then
-    validates `job.workdir` against `output_profile`, writes the manifest and
-    renames the folder into place.
+    into `job.workdir` and nothing else, and returns its report (JSON-able).
+    The runner alone stages: it made `job.workdir` (new, empty), and then
+    validates it against `output_profile`, renames it into place and writes
+    the manifest. A stage never replaces or renames its folder.
     """
 
     name: str
@@ -50,13 +48,3 @@ class Job:
     progress: Any
     reports: dict[str, dict] = field(default_factory=dict)  # earlier stages' reports
 
-
-def order() -> list[str]:
-    return list(load_data("stages.json")["order"])
-
-
-def get(name: str) -> Stage:
-    modules = load_data("stages.json")["modules"]
-    if name not in modules:
-        raise UsageError(f"no stage named {name!r}", f"stages are: {', '.join(order())}")
-    return importlib.import_module(modules[name]).STAGE

@@ -8,7 +8,8 @@ layer Quark excluded to the builder's `nodes_to_exclude` option (and the embeddi
 model ties it to lm_head), unless `keep_excluded_float=False`.
 
 The builder is called through `parse_extra_options` + `create_model`, never through its CLI
-(`--help` crashes in 0.18). Output goes into a staging folder beside `out_dir`, then is renamed.
+(`--help` crashes in 0.18). Output goes into `out_dir` (new or empty: pipeline.core.output.output_folder),
+the builder's scratch cache inside it until it returns; the build runner stages and swaps the folder.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 import time
 from pathlib import Path
 
 from pipeline.core.errors import RaipackError
+from pipeline.core.output import output_folder
 from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
-from stages.source.gguf import atomic_replace_dir
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`
@@ -57,6 +57,7 @@ EMBED_GATHER = "/model/embed_tokens/Gather"
 # identical greedy tokens; level 4 gives cosine 0.997 and diverging greedy tokens, but decodes
 # ~1.4x faster on CPU (docs/measurements/export.md).
 CPU_FAITHFUL_OPTIONS = {"accuracy_level": "1"}
+BUILDER_CACHE = ".builder-cache"  # the builder's scratch folder, inside the output until it returns
 
 
 class ExportError(RaipackError):
@@ -137,8 +138,8 @@ def export(
 
     `extra_options` are builder extra options (values str/int/bool; see the builder's source for the
     names); an explicit `nodes_to_exclude` there replaces the derived one, an explicit
-    `accuracy_level` the float32 default used for the CPU EP (CPU_FAITHFUL_OPTIONS). An existing `out_dir` is
-    replaced only after the new folder is complete. Returns a dict for the stage report.
+    `accuracy_level` the float32 default used for the CPU EP (CPU_FAITHFUL_OPTIONS). `out_dir` must be new or
+    empty; on failure it is left as it was. Returns a dict for the stage report.
     """
     t_start = time.perf_counter()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -163,33 +164,27 @@ def export(
     import onnxruntime_genai
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
-    own_cache = cache_dir is None
-    cache = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.cache-", dir=out_dir.parent)) if own_cache else Path(cache_dir)
-    try:
-        t_builder = time.perf_counter()
-        kv = [f"{k}={v}" for k, v in options.items()]
-        parsed = parse_extra_options(
-            None, str(quark_dir), str(stage), precision, execution_provider, str(cache), kv
-        )
-        create_model(None, str(quark_dir), str(stage), precision, execution_provider, str(cache), **parsed)
-        builder_seconds = time.perf_counter() - t_builder
+    with output_folder(out_dir) as out:
+        own_cache = cache_dir is None
+        cache = out / BUILDER_CACHE if own_cache else Path(cache_dir)
+        try:
+            t_builder = time.perf_counter()
+            kv = [f"{k}={v}" for k, v in options.items()]
+            parsed = parse_extra_options(
+                None, str(quark_dir), str(out), precision, execution_provider, str(cache), kv
+            )
+            create_model(None, str(quark_dir), str(out), precision, execution_provider, str(cache), **parsed)
+            builder_seconds = time.perf_counter() - t_builder
 
-        copied = []
-        for name in COPY_FILES:
-            src = quark_dir / name
-            if src.is_file() and not (stage / name).exists():
-                shutil.copy2(src, stage / name)
-                copied.append(name)
-
-        atomic_replace_dir(stage, out_dir)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    finally:
-        if own_cache:
-            shutil.rmtree(cache, ignore_errors=True)
+            copied = []
+            for name in COPY_FILES:
+                src = quark_dir / name
+                if src.is_file() and not (out / name).exists():
+                    shutil.copy2(src, out / name)
+                    copied.append(name)
+        finally:
+            if own_cache:
+                shutil.rmtree(cache, ignore_errors=True)
 
     return {
         "seconds": round(time.perf_counter() - t_start, 3),

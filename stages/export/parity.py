@@ -96,7 +96,7 @@ def parity(
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(int(threads))
-    from stages.quantize.quark_lock import import_quark
+    from pipeline.core.quark_import import import_quark
 
     import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
     tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))

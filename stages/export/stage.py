@@ -21,9 +21,9 @@ class ExportConfig:
 
 
 def run(job: Job) -> dict:
+    from pipeline.data import heldout_text
     from stages.export.builder import ExportError, export
     from stages.export.parity import parity
-    from stages.quantize.calibration import heldout_text
 
     cfg: ExportConfig = job.config
     quark = job.inputs["quantize"]

@@ -1,7 +1,7 @@
 """Calibration data for the quantize stage.
 
-A small offline English corpus ships with the package (``data/calib.txt``, original prose
-written for this project) plus a separate held-out set for perplexity (``data/heldout.txt``).
+A small offline English corpus ships with raipack (``pipeline/data/calib.txt``, original prose
+written for this project; the held-out set for perplexity is beside it, see pipeline.data).
 Users may pass their own ``.txt`` (plain text) or ``.jsonl`` (one ``{"text": ...}`` object
 per line) file.
 
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_CALIBRATION = DATA_DIR / "calib.txt"
-HELDOUT = DATA_DIR / "heldout.txt"
+from pipeline.data import CALIBRATION_TEXT
+
+DEFAULT_CALIBRATION = CALIBRATION_TEXT  # what quantize calibrates with unless a recipe names a file
 SUPPORTED_SUFFIXES = (".txt", ".jsonl")
 
 
@@ -115,8 +115,3 @@ def tokenize_texts(
     return [
         torch.tensor(stream[w * seq_len : (w + 1) * seq_len], dtype=torch.long).unsqueeze(0) for w in picks
     ]
-
-
-def heldout_text() -> str:
-    """The held-out paragraphs used for perplexity (never used for calibration)."""
-    return HELDOUT.read_text(encoding="utf-8")

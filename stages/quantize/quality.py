@@ -32,7 +32,7 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     if quant != "quark":
         kwargs["dtype"] = getattr(torch, dtype)
     else:  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
-        from stages.quantize.quark_lock import import_quark
+        from pipeline.core.quark_import import import_quark
 
         import_quark()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)

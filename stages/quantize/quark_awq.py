@@ -5,7 +5,8 @@ Scheme ``uint4_wo_<group>``: asymmetric per-group UINT4 weights, float activatio
 The result is Quark's Hugging Face export (``custom_mode="quark"``,
 ``weight_format="real_quantized"``, ``pack_method="reorder"``) plus every file of the
 source folder Quark does not copy (tokenizer, chat template, generation config, custom
-code...), written into a staging folder next to ``out_dir`` and renamed into place.
+code...), written into ``out_dir`` (new or empty: pipeline.core.output.output_folder;
+the build runner stages the folder and swaps it into place).
 
 Everything cheap is checked before anything heavy runs: the folder holds safetensors
 (pickle checkpoints are refused), Quark has a template for the architecture, and the
@@ -546,11 +547,9 @@ def quantize(
     if out_dir.resolve() == src_dir.resolve():
         raise QuantizeError(f"{out_dir}: the output folder must differ from the source folder")
 
-    from stages.source.gguf import atomic_replace_dir, make_staging_dir, normalize_permissions
-
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}
-    from stages.quantize.quark_lock import import_quark
+    from pipeline.core.quark_import import import_quark
 
     import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
     from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
@@ -599,8 +598,9 @@ def quantize(
     model.to(device)
     load_seconds = time.perf_counter() - t_load
 
-    tmp = make_staging_dir(out_dir)
-    try:
+    from pipeline.core.output import output_folder
+
+    with output_folder(out_dir) as tmp:
         t_q = time.perf_counter()
         with _report_layers(progress), torch.no_grad():
             quantizer = ModelQuantizer(qconfig)
@@ -616,18 +616,12 @@ def quantize(
         copied = _copy_missing_files(src_dir, tmp)
         quantized = _quantized_tensor_names(tmp)
         files = sorted(p.name for p in tmp.iterdir())
-        normalize_permissions(tmp)
-        atomic_replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     peak_rss = _peak_rss_bytes()
     del model, quantizer, batches
     release_memory()
     return {
-        "out_dir": str(out_dir),
         "algorithm": algorithm,
         "scheme": scheme,
         "group_size": chosen,

@@ -30,7 +30,8 @@ class QuantizeConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
-    from stages.quantize.calibration import CalibrationError, heldout_text, read_texts
+    from pipeline.data import heldout_text
+    from stages.quantize.calibration import CalibrationError, read_texts
     from stages.quantize.quark_awq import QuantizeError, quantize
 
     cfg: QuantizeConfig = job.config

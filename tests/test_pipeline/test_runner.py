@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RAIPACK_FAKE_CALLS", str(tmp_path / "calls.txt"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.core.stage.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("pipeline.build.stages.get", fake_stages.FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -117,6 +118,42 @@ def test_output_on_a_file(env):
     (env / "afile").write_text("x")
     with pytest.raises(UsageError, match="cannot be created"):
         build(recipe(output=str(env / "afile" / "out")))
+
+
+def test_reports_and_lineage_name_no_staging_folder(env, monkeypatch):
+    """A stage's report mentioning its own folder (job.workdir, a staging folder that is gone once
+    the stage is committed) names the cache entry instead, in report.json and every manifest."""
+    real = fake_stages.FAKES["quantize"]
+
+    def run(job):
+        return {**real.run(job), "out_dir": str(job.workdir), "files": [str(job.workdir / "config.json")]}
+    monkeypatch.setattr("pipeline.build.stages.get", {**fake_stages.FAKES, "quantize": dataclasses.replace(real, run=run)}.__getitem__)
+    result = build(recipe())
+    text = (result.package / "report.json").read_text()
+    assert ".staging-" not in text
+    (quantized,) = [s for s in result.stages if s.name == "quantize"]
+    report = next(s["report"] for s in json.loads(text)["stages"] if s["name"] == "quantize")
+    assert report["out_dir"] == quantized.path and report["files"] == [str(Path(quantized.path) / "config.json")]
+    assert Path(quantized.path).is_dir()
+    for folder in [result.package, *(Path(s.path) for s in result.stages)]:
+        assert ".staging-" not in json.dumps(manifest.read(folder)), folder
+
+
+def test_the_runner_knows_stages_by_kind_not_by_name(env, monkeypatch):
+    """Renamed stages: the one of kind "source" is the one a model folder replaces, the one of kind
+    "package" the one assembled into the package."""
+    new = {"source": "origin", "quantize": "q", "export": "x", "fuse": "pack", "smoke": "check"}
+    fakes = {new[n]: dataclasses.replace(st, name=new[n], inputs=tuple(new[i] for i in st.inputs)) for n, st in fake_stages.FAKES.items()}
+    monkeypatch.setattr("pipeline.build.stages.order", lambda: list(fakes))
+    monkeypatch.setattr("pipeline.build.stages.get", fakes.__getitem__)
+    monkeypatch.setattr("pipeline.build.runner.check_model_dir", lambda path, trust: path.resolve())
+    (env / "MyModel").mkdir()
+    result = build(recipe(model=str(env / "MyModel")))
+    assert calls(env) == ["q", "x", "pack", "check"]  # the model folder stands in for "origin"
+    assert result.stages[0].report["inputs"] == ["origin"]
+    assert result.package == Path("build/MyModel_rai_1.8.0_npu_16K") and validate(result.package).failed() is False
+    (pack,) = [s for s in result.stages if s.name == "pack"]
+    assert manifest.read(result.package)["lineage"]["inputs"] == [{"stage": "pack", "path": pack.path, "sha256": cache.folder_digest(Path(pack.path))}]
 
 
 def passes(folder: Path) -> bool:

@@ -350,7 +350,7 @@ def crashing_quantize(monkeypatch, exc: BaseException):
     """The quantize stage, its run replaced by one raising `exc`."""
     import dataclasses
 
-    from pipeline.core import stage as stages
+    from pipeline.build import stages
 
     real = stages.get
 

@@ -85,14 +85,21 @@ def test_builder_quantization_of_lm_head_is_caught(oga_quantized_head, tiny_quar
     assert all(f["hint"] for f in findings)
 
 
-def test_export_replaces_existing_folder_and_rejects_non_quark(tiny_quark, tmp_path):
+def test_export_writes_only_into_a_new_or_empty_folder_and_rejects_non_quark(tiny_quark, tmp_path):
+    """export() never replaces a folder (the build runner stages and swaps) and writes nothing beside it,
+    its builder's scratch cache included."""
+    from pipeline.core.errors import RaipackError
     from stages.export.builder import ExportError, export
 
     out = tmp_path / "oga"
     out.mkdir()
     (out / "stale.txt").write_text("old")
+    with pytest.raises(RaipackError, match="oga is not an empty folder"):
+        export(tiny_quark.quark_dir, out, extra_options={"num_hidden_layers": 1})
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    (out / "stale.txt").unlink()
     report = export(tiny_quark.quark_dir, out, extra_options={"num_hidden_layers": 1})
-    assert not (out / "stale.txt").exists()
+    assert not list(out.glob(".*"))
     assert _genai(out)["model"]["decoder"]["num_hidden_layers"] == 1
     assert report["extra_options"]["num_hidden_layers"] == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["oga"]

@@ -240,15 +240,21 @@ def test_npu_checks_are_noops_on_other_packages(make_pkg):
         assert not [f for f in result.findings if f.check_id.startswith("RP9")], pid
 
 
-def test_fuse_replaces_output_atomically(packages, oga16k, tmp_path):
+def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path):
+    """fuse() writes into its folder and nothing beside it; staging and swapping are the runner's."""
+    from pipeline.core.errors import RaipackError
     from pipeline.npu.profile import get as get_profile
     from stages.fuse.reference import FuseError, fuse
 
     out = tmp_path / "pkg"
     out.mkdir()
     (out / "stale.txt").write_text("old")
+    with pytest.raises(RaipackError, match="pkg is not an empty folder"):
+        fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]  # nothing of the user's replaced
+    (out / "stale.txt").unlink()
     fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
-    assert not (out / "stale.txt").exists() and (out / "model.bin").is_file()
+    assert (out / "model.bin").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
     bad = copy.deepcopy(get_profile("reference-4K"))
     bad["genai"]["search"]["chunk_size"] = 300
     with pytest.raises(FuseError, match="chunk_size 300, which is not one of its prefill tiers"):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.errors import RaipackError
+from pipeline.data import HELDOUT_TEXT as HELDOUT
 from stages.quantize.calibration import (
     DEFAULT_CALIBRATION,
-    HELDOUT,
     CalibrationError,
     read_texts,
     tokenize_texts,
@@ -377,12 +378,16 @@ def test_awq_weights_differ_from_rtn(rtn_export, awq_export, src_with_extras):
     assert len(differ) >= len(quantized) // 2, differ
 
 
-def test_quantize_replaces_existing_output_atomically(src_with_extras, tmp_path):
+def test_quantize_writes_only_into_a_new_or_empty_folder(src_with_extras, tmp_path):
+    """quantize() never replaces a folder (the build runner stages and swaps) and writes nothing beside it."""
     out = tmp_path / "quark"
     out.mkdir()
     (out / "stale.txt").write_text("from an older build")
+    with pytest.raises(RaipackError, match="quark is not an empty folder"):
+        quantize(src_with_extras, out, algorithm="rtn", group_size=64)
+    assert [p.name for p in out.iterdir()] == ["stale.txt"]
+    (out / "stale.txt").unlink()
     quantize(src_with_extras, out, algorithm="rtn", group_size=64)
-    assert not (out / "stale.txt").exists()
     assert config_of(out)["quantization_config"]["global_quant_config"]["weight"]["group_size"] == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quark"]  # no staging or old folder left
 

@@ -49,15 +49,13 @@ def test_convert_example_model_and_answer(tmp_path):
     from stages.quantize.quality import greedy_answer, load_hf
 
     out = tmp_path / "fp32"
-    (tmp_path / "fp32").mkdir()
-    (out / "old.txt").write_text("replaced atomically")
     info = convert_gguf_to_hf(gguf, out)
 
     assert info["architecture"] == "LlamaForCausalLM"
     assert (info["layers"], info["hidden_size"], info["vocab_size"], info["dtype"]) == (30, 576, 49152, "float32")
     assert info["seconds"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp32"]  # no staging folder left
-    assert not (out / "old.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp32"]  # nothing written beside it
+    assert "out_dir" not in info  # where the output ends up is the runner's to say
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
     assert not any(n.endswith((".bin", ".pt", ".gguf")) for n in names)

@@ -3,7 +3,7 @@
 Used by the validate checks RP702-RP704 (any package) and by the export
 stage's output checks (stages/export/contract.py).
 
-Every check returns a list of dicts `{"check_id", "pointer", "message", "hint"}`: `pointer` names the
+Every check returns a list of `Finding`s (severity error, path model.onnx): `pointer` names the
 tensor, node or input at fault, `message` says in one sentence what was found and what was expected,
 `hint` the next step. An empty list means the check passed. The graph checks take an
 `onnx.ModelProto` loaded with `load_external_data=False` and never read weights; `external_data_refs`
@@ -21,9 +21,14 @@ import os
 import re
 import stat
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import onnx
 from onnx import TensorProto
+
+from pipeline.core.findings import Finding
+
+GRAPH = "model.onnx"  # the path of a contract finding; checks place it in their package
 
 # --- Quark quantization_config -------------------------------------------------------------------
 
@@ -112,8 +117,9 @@ def node_to_hf(node_name: str) -> list[str]:
 # --- findings ------------------------------------------------------------------------------------
 
 
-def _f(check_id: str, pointer: str, message: str, hint: str) -> dict:
-    return {"check_id": check_id, "pointer": pointer, "message": message, "hint": hint}
+def _f(check_id: str, pointer: str, message: str, hint: str) -> Finding:
+    """A contract finding: `pointer` names the tensor, node or input at fault; the caller places it in its package."""
+    return Finding(check_id, "error", GRAPH, message, hint, pointer)
 
 
 _TYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
@@ -133,7 +139,7 @@ _INT_TYPES = {TensorProto.INT64, TensorProto.INT32}
 _KV_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.UINT8, TensorProto.INT8}
 
 
-def io_contract(model: onnx.ModelProto, genai: dict) -> list[dict]:
+def io_contract(model: onnx.ModelProto, genai: dict) -> list[Finding]:
     """The graph's inputs and outputs against `model.decoder` of genai_config.json.
 
     Checks names (every configured name exists; no graph input the runtime would not feed), one
@@ -141,127 +147,166 @@ def io_contract(model: onnx.ModelProto, genai: dict) -> list[dict]:
     past and present), and the KV shape [batch, num_key_value_heads, seq, head_size] where the graph
     states it, falling back to GroupQueryAttention's attributes for symbolic dims.
     """
-    out: list[dict] = []
     try:
         dec = genai["model"]["decoder"]
-        layers = int(dec["num_hidden_layers"])
-        kv_heads = int(dec["num_key_value_heads"])
-        head_size = int(dec["head_size"])
+        dims = _Dims(int(dec["num_hidden_layers"]), int(dec["num_key_value_heads"]), int(dec["head_size"]))
         q_heads = int(dec.get("num_attention_heads", 0)) or None
     except (KeyError, TypeError, ValueError) as err:
         return [_f("export.io", "genai_config.json#/model/decoder",
                    f"genai_config.json model.decoder lacks a usable {err} field",
                    "re-run the export; the builder writes num_hidden_layers, num_key_value_heads and head_size")]
-    cfg_in, cfg_out = dec.get("inputs") or {}, dec.get("outputs") or {}
-    g_in = {v.name: _vinfo(v) for v in model.graph.input}
-    g_out = {v.name: _vinfo(v) for v in model.graph.output}
-    init_names = {t.name for t in model.graph.initializer}
-    hint_names = "rename the graph tensor or the genai_config.json entry so both agree (re-export is simplest)"
-
-    expected_in: set[str] = set()
-    for key, name in cfg_in.items():
-        if not isinstance(name, str) or "%d" in name:
-            continue
-        expected_in.add(name)
-        if name not in g_in:
-            out.append(_f("export.io", name,
-                          f"genai_config.json inputs.{key} names graph input '{name}', but the graph has no such input "
-                          f"(it has {sorted(n for n in g_in if n not in init_names)[:6]})", hint_names))
-    for key, name in cfg_out.items():
-        if isinstance(name, str) and "%d" not in name and name not in g_out:
-            out.append(_f("export.io", name,
-                          f"genai_config.json outputs.{key} names graph output '{name}', but the graph has no such output",
-                          hint_names))
-
-    for key in ("input_ids", "attention_mask", "position_ids"):
-        name = cfg_in.get(key)
-        if name in g_in and g_in[name][0] not in _INT_TYPES:
-            out.append(_f("export.io", name, f"graph input '{name}' is {_tname(g_in[name][0])}, expected int64 or int32",
-                          "re-export with the model builder; OGA feeds integer ids and masks"))
-    if "input_ids" not in cfg_in and "inputs_embeds" not in cfg_in:
-        out.append(_f("export.io", "genai_config.json#/model/decoder/inputs",
-                      "genai_config.json model.decoder.inputs declares neither input_ids nor inputs_embeds",
-                      "re-export; the builder declares input_ids"))
-
-    pk, pv = cfg_in.get("past_key_names"), cfg_in.get("past_value_names")
-    ok, ov = cfg_out.get("present_key_names"), cfg_out.get("present_value_names")
-    patterns = [(p, src) for p, src in ((pk, g_in), (pv, g_in), (ok, g_out), (ov, g_out))]
+    io = _GraphIO(model, dec.get("inputs") or {}, dec.get("outputs") or {})
+    out = _named_io(io) + _id_dtypes(io)
+    pk, pv = io.cfg_in.get("past_key_names"), io.cfg_in.get("past_value_names")
+    ok, ov = io.cfg_out.get("present_key_names"), io.cfg_out.get("present_value_names")
+    patterns = [(pk, io.g_in), (pv, io.g_in), (ok, io.g_out), (ov, io.g_out)]
     if not all(isinstance(p, str) and "%d" in p for p, _ in patterns):
         out.append(_f("export.io", "genai_config.json#/model/decoder",
                       "genai_config.json lacks past_key_names/past_value_names/present_key_names/present_value_names with a %d",
                       "re-export; the builder writes 'past_key_values.%d.key' and 'present.%d.key' style names"))
         return out
-
     kv_dtypes: dict[str, int] = {}
     for pattern, src in patterns:
-        kind = "input" if src is g_in else "output"
-        rx = re.compile("^" + re.escape(pattern).replace("%d", r"(\d+)") + "$")
-        found = {int(m.group(1)) for n in src if (m := rx.match(n))}
-        for i in range(layers):
-            name = pattern % i
-            if kind == "input":
-                expected_in.add(name)
-            if i not in found:
-                out.append(_f("export.io", name,
-                              f"graph {kind} '{name}' for layer {i} is missing; genai_config.json declares "
-                              f"{layers} layers, each with a {pattern.split('.')[0]} key and value",
-                              "re-export, or fix num_hidden_layers / the name pattern in genai_config.json"))
-                continue
-            dt, dims = src[name]
-            kv_dtypes[name] = dt
-            if dt not in _KV_TYPES:
-                out.append(_f("export.io", name, f"{kind} '{name}' is {_tname(dt)}, expected a float KV cache dtype",
-                              "re-export with the model builder"))
-            if dims is not None and len(dims) != 4:
-                out.append(_f("export.io", name, f"{kind} '{name}' has rank {len(dims)}, expected 4 "
-                              "[batch, kv_heads, sequence, head_size]", "re-export with the model builder"))
-            elif dims is not None:
-                if isinstance(dims[1], int) and dims[1] != kv_heads:
-                    out.append(_f("export.io", name,
-                                  f"{kind} '{name}' has {dims[1]} KV heads (dim 1), genai_config.json says "
-                                  f"num_key_value_heads={kv_heads}",
-                                  "fix num_key_value_heads in genai_config.json or re-export"))
-                if isinstance(dims[3], int) and dims[3] != head_size:
-                    out.append(_f("export.io", name,
-                                  f"{kind} '{name}' has head size {dims[3]} (dim 3), genai_config.json says head_size={head_size}",
-                                  "fix head_size in genai_config.json or re-export"))
-        extra = sorted(i for i in found if i >= layers)
-        if extra:
-            out.append(_f("export.io", pattern % extra[0],
-                          f"graph has {kind}s for layers {extra[:5]} beyond num_hidden_layers={layers} in genai_config.json",
-                          "fix num_hidden_layers in genai_config.json or re-export"))
-    pair_mismatch = False
-    for i in range(layers):
-        for p_name, o_name in ((pk % i, ok % i), (pv % i, ov % i)):
-            if p_name in kv_dtypes and o_name in kv_dtypes and kv_dtypes[p_name] != kv_dtypes[o_name]:
-                pair_mismatch = True
-                out.append(_f("export.io", o_name,
-                              f"'{o_name}' is {_tname(kv_dtypes[o_name])} but '{p_name}' is {_tname(kv_dtypes[p_name])}; "
-                              "present must feed back as past unchanged", "re-export with the model builder"))
-    if len(set(kv_dtypes.values())) > 1 and not pair_mismatch:
-        out.append(_f("export.io", next(iter(kv_dtypes)),
-                      f"KV cache tensors use several dtypes {sorted({_tname(d) for d in kv_dtypes.values()})}, expected one",
-                      "re-export with the model builder"))
-
-    for name in g_in:
-        if name not in expected_in and name not in init_names:
-            out.append(_f("export.io", name,
-                          f"graph input '{name}' is not declared in genai_config.json, so the runtime would not feed it",
-                          "declare it under model.decoder.inputs or re-export"))
-
-    logits = cfg_out.get("logits", "logits")
-    vocab = genai.get("model", {}).get("vocab_size")
-    if logits in g_out and vocab:
-        dims = g_out[logits][1]
-        if dims and isinstance(dims[-1], int) and dims[-1] != int(vocab):
-            out.append(_f("export.io", logits, f"output '{logits}' has {dims[-1]} classes, genai_config.json says vocab_size={vocab}",
-                          "fix vocab_size in genai_config.json or re-export"))
-
-    out.extend(_attention_heads(model, kv_heads, q_heads, head_size))
+        out += _kv_tensors(io, pattern, src, dims, kv_dtypes)
+    out += _kv_dtypes_agree(kv_dtypes, [pair for i in range(dims.layers) for pair in ((pk % i, ok % i), (pv % i, ov % i))])
+    out += _undeclared_inputs(io) + _logits_vocab(io, genai)
+    out.extend(_attention_heads(model, dims.kv_heads, q_heads, dims.head_size))
     return out
 
 
-def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) -> list[dict]:
+class _Dims(NamedTuple):
+    layers: int
+    kv_heads: int
+    head_size: int
+
+
+class _GraphIO:
+    """The graph's inputs and outputs by name, and the names genai_config.json declares."""
+
+    def __init__(self, model: onnx.ModelProto, cfg_in: dict, cfg_out: dict):
+        self.cfg_in, self.cfg_out = cfg_in, cfg_out
+        self.g_in = {v.name: _vinfo(v) for v in model.graph.input}
+        self.g_out = {v.name: _vinfo(v) for v in model.graph.output}
+        self.init_names = {t.name for t in model.graph.initializer}
+        self.expected_in: set[str] = set()  # graph inputs the runtime feeds
+
+
+_HINT_NAMES = "rename the graph tensor or the genai_config.json entry so both agree (re-export is simplest)"
+
+
+def _named_io(io: _GraphIO) -> list[Finding]:
+    out = []
+    for key, name in io.cfg_in.items():
+        if not isinstance(name, str) or "%d" in name:
+            continue
+        io.expected_in.add(name)
+        if name not in io.g_in:
+            out.append(_f("export.io", name,
+                          f"genai_config.json inputs.{key} names graph input '{name}', but the graph has no such input "
+                          f"(it has {sorted(n for n in io.g_in if n not in io.init_names)[:6]})", _HINT_NAMES))
+    for key, name in io.cfg_out.items():
+        if isinstance(name, str) and "%d" not in name and name not in io.g_out:
+            out.append(_f("export.io", name,
+                          f"genai_config.json outputs.{key} names graph output '{name}', but the graph has no such output",
+                          _HINT_NAMES))
+    return out
+
+
+def _id_dtypes(io: _GraphIO) -> list[Finding]:
+    out = []
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        name = io.cfg_in.get(key)
+        if name in io.g_in and io.g_in[name][0] not in _INT_TYPES:
+            out.append(_f("export.io", name, f"graph input '{name}' is {_tname(io.g_in[name][0])}, expected int64 or int32",
+                          "re-export with the model builder; OGA feeds integer ids and masks"))
+    if "input_ids" not in io.cfg_in and "inputs_embeds" not in io.cfg_in:
+        out.append(_f("export.io", "genai_config.json#/model/decoder/inputs",
+                      "genai_config.json model.decoder.inputs declares neither input_ids nor inputs_embeds",
+                      "re-export; the builder declares input_ids"))
+    return out
+
+
+def _kv_tensors(io: _GraphIO, pattern: str, src: dict, dims: _Dims, kv_dtypes: dict) -> list[Finding]:
+    """One past/present name pattern: a tensor per layer, none beyond, each of a float dtype and the KV shape."""
+    out = []
+    kind = "input" if src is io.g_in else "output"
+    rx = re.compile("^" + re.escape(pattern).replace("%d", r"(\d+)") + "$")
+    found = {int(m.group(1)) for n in src if (m := rx.match(n))}
+    for i in range(dims.layers):
+        name = pattern % i
+        if kind == "input":
+            io.expected_in.add(name)
+        if i not in found:
+            out.append(_f("export.io", name,
+                          f"graph {kind} '{name}' for layer {i} is missing; genai_config.json declares "
+                          f"{dims.layers} layers, each with a {pattern.split('.')[0]} key and value",
+                          "re-export, or fix num_hidden_layers / the name pattern in genai_config.json"))
+            continue
+        kv_dtypes[name] = src[name][0]
+        out += _kv_tensor(kind, name, src[name], dims)
+    extra = sorted(i for i in found if i >= dims.layers)
+    if extra:
+        out.append(_f("export.io", pattern % extra[0],
+                      f"graph has {kind}s for layers {extra[:5]} beyond num_hidden_layers={dims.layers} in genai_config.json",
+                      "fix num_hidden_layers in genai_config.json or re-export"))
+    return out
+
+
+def _kv_tensor(kind: str, name: str, vinfo: tuple, dims: _Dims) -> list[Finding]:
+    out = []
+    dt, shape = vinfo
+    if dt not in _KV_TYPES:
+        out.append(_f("export.io", name, f"{kind} '{name}' is {_tname(dt)}, expected a float KV cache dtype",
+                      "re-export with the model builder"))
+    if shape is not None and len(shape) != 4:
+        out.append(_f("export.io", name, f"{kind} '{name}' has rank {len(shape)}, expected 4 "
+                      "[batch, kv_heads, sequence, head_size]", "re-export with the model builder"))
+    elif shape is not None:
+        if isinstance(shape[1], int) and shape[1] != dims.kv_heads:
+            out.append(_f("export.io", name,
+                          f"{kind} '{name}' has {shape[1]} KV heads (dim 1), genai_config.json says "
+                          f"num_key_value_heads={dims.kv_heads}",
+                          "fix num_key_value_heads in genai_config.json or re-export"))
+        if isinstance(shape[3], int) and shape[3] != dims.head_size:
+            out.append(_f("export.io", name,
+                          f"{kind} '{name}' has head size {shape[3]} (dim 3), genai_config.json says head_size={dims.head_size}",
+                          "fix head_size in genai_config.json or re-export"))
+    return out
+
+
+def _kv_dtypes_agree(kv_dtypes: dict, pairs: list[tuple[str, str]]) -> list[Finding]:
+    """Each present tensor has its past tensor's dtype, and all share one."""
+    out = []
+    for p_name, o_name in pairs:
+        if p_name in kv_dtypes and o_name in kv_dtypes and kv_dtypes[p_name] != kv_dtypes[o_name]:
+            out.append(_f("export.io", o_name,
+                          f"'{o_name}' is {_tname(kv_dtypes[o_name])} but '{p_name}' is {_tname(kv_dtypes[p_name])}; "
+                          "present must feed back as past unchanged", "re-export with the model builder"))
+    if len(set(kv_dtypes.values())) > 1 and not out:
+        out.append(_f("export.io", next(iter(kv_dtypes)),
+                      f"KV cache tensors use several dtypes {sorted({_tname(d) for d in kv_dtypes.values()})}, expected one",
+                      "re-export with the model builder"))
+    return out
+
+
+def _undeclared_inputs(io: _GraphIO) -> list[Finding]:
+    return [_f("export.io", name, f"graph input '{name}' is not declared in genai_config.json, so the runtime would not feed it",
+               "declare it under model.decoder.inputs or re-export")
+            for name in io.g_in if name not in io.expected_in and name not in io.init_names]
+
+
+def _logits_vocab(io: _GraphIO, genai: dict) -> list[Finding]:
+    logits = io.cfg_out.get("logits", "logits")
+    vocab = genai.get("model", {}).get("vocab_size")
+    if logits in io.g_out and vocab:
+        dims = io.g_out[logits][1]
+        if dims and isinstance(dims[-1], int) and dims[-1] != int(vocab):
+            return [_f("export.io", logits, f"output '{logits}' has {dims[-1]} classes, genai_config.json says vocab_size={vocab}",
+                       "fix vocab_size in genai_config.json or re-export")]
+    return []
+
+
+def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) -> list[Finding]:
     out = []
     producers = {o: n for n in model.graph.node for o in n.output}
     for node in model.graph.node:
@@ -295,27 +340,27 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
 # --- MatMulNBits against Quark -------------------------------------------------------------------
 
 
-def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rules: dict | None = None) -> list[dict]:
+def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rules: dict | None = None) -> list[Finding]:
     """Each MatMulNBits must carry Quark's bits, group size and zero points; no layer Quark excluded
     (and no embedding, which Quark never quantizes) may be quantized; no layer Quark quantized may
     have become a float MatMul. Without a Quark config (AMD packages ship config.json = {}), only
     bits and block size are checked against the profile's `rules`."""
     if not quant_config:
         return _against_profile(model, rules or {})
-    out: list[dict] = []
+    out: list[Finding] = []
     inits = {t.name for t in model.graph.initializer}
     for node in model.graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         layers = node_to_hf(node.name)
         if node.op_type == "MatMulNBits":
-            excluded = [l for l in layers if is_excluded(quant_config, l)]
+            excluded = [layer for layer in layers if is_excluded(quant_config, layer)]
             if excluded:
                 out.append(_f("export.quant", node.name,
                               f"'{node.name}' is a {attrs.get('bits')}-bit MatMulNBits (block {attrs.get('block_size')}) "
                               f"but Quark excluded {excluded[0]} and kept it float",
                               "export with keep_excluded_float (the builder's nodes_to_exclude) so the layer stays float"))
                 continue
-            specs = [s for s in (layer_weight_spec(quant_config, l) for l in layers) if s] if layers else []
+            specs = [s for s in (layer_weight_spec(quant_config, layer) for layer in layers) if s] if layers else []
             spec = specs[0] if specs else layer_weight_spec(quant_config, "")
             if spec is None:
                 continue
@@ -343,8 +388,8 @@ def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rul
                           "but Quark kept the token embedding float",
                           "export with keep_excluded_float so /model/embed_tokens/Gather and a tied lm_head stay float"))
         elif node.op_type == "MatMul" and layers and len(node.input) > 1 and node.input[1] in inits:
-            quantized = [l for l in layers if layer_weight_spec(quant_config, l)]
-            if quantized and not any(is_excluded(quant_config, l) for l in layers):
+            quantized = [layer for layer in layers if layer_weight_spec(quant_config, layer)]
+            if quantized and not any(is_excluded(quant_config, layer) for layer in layers):
                 out.append(_f("export.quant", node.name,
                               f"'{node.name}' is a float MatMul, but Quark quantized {quantized[0]}",
                               "re-export from the Quark folder; the builder did not pick up its quantized weights"))
@@ -388,11 +433,11 @@ def _external_tensors(model: onnx.ModelProto):
                 todo.extend((g.node, g, inner) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))
 
 
-def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[dict]:
+def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[Finding]:
     """Every external-data tensor (subgraphs included) points inside `root`
     (default: `base_dir`, the graph's folder) at a byte range of a regular file
     that exists (stat only)."""
-    out: list[dict] = []
+    out: list[Finding] = []
     graph_dir = Path(base_dir).resolve()
     base = Path(root).resolve() if root is not None else graph_dir
     sizes: dict[str, int | str] = {}
@@ -455,8 +500,8 @@ def _data_file_size(path: Path) -> int | str:
     return st.st_size if stat.S_ISREG(st.st_mode) else "is not a regular file (device, socket or pipe)"
 
 
-def _against_profile(model: onnx.ModelProto, rules: dict) -> list[dict]:
-    out: list[dict] = []
+def _against_profile(model: onnx.ModelProto, rules: dict) -> list[Finding]:
+    out: list[Finding] = []
     allowed = rules.get("allowed_group_sizes") or ([rules["group_size"]] if rules.get("group_size") else [])
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or node.name.startswith("/lm_head/"):

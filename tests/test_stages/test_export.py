@@ -33,7 +33,7 @@ def _ops(model) -> Counter:
 
 
 def _pointers(findings) -> set[str]:
-    return {f["pointer"] for f in findings}
+    return {f.pointer for f in findings}
 
 
 def _output_errors(folder: Path) -> list:
@@ -81,8 +81,8 @@ def test_builder_quantization_of_lm_head_is_caught(oga_quantized_head, tiny_quar
     assert head[0].op_type == "MatMulNBits"
     findings = matmulnbits_agreement(model, tiny_quark.quant_config)
     assert _pointers(findings) == {head[0].name, "/model/embed_tokens/GatherBlockQuantized"}
-    assert any("Quark excluded lm_head" in f["message"] for f in findings)
-    assert all(f["hint"] for f in findings)
+    assert any("Quark excluded lm_head" in f.message for f in findings)
+    assert all(f.hint for f in findings)
 
 
 def test_export_writes_only_into_a_new_or_empty_folder_and_rejects_non_quark(tiny_quark, tmp_path):
@@ -144,7 +144,7 @@ def test_io_contract_flags_missing_present_output(oga_default):
     model.graph.output.extend(keep)
     found = io_contract(model, genai)
     assert _pointers(found) == {"present.1.value"}
-    assert "layer 1" in found[0]["message"]
+    assert "layer 1" in found[0].message
 
 
 def test_io_contract_flags_wrong_kv_heads_and_head_size(oga_default):
@@ -157,7 +157,7 @@ def test_io_contract_flags_wrong_kv_heads_and_head_size(oga_default):
     assert "/model/layers.0/attn/GroupQueryAttention" in _pointers(found)
     bad = copy.deepcopy(genai)
     bad["model"]["decoder"]["head_size"] = 32
-    assert any("head_size=32" in f["message"] for f in io_contract(model, bad))
+    assert any("head_size=32" in f.message for f in io_contract(model, bad))
     bad = copy.deepcopy(genai)
     bad["model"]["decoder"]["num_hidden_layers"] = 3
     assert "past_key_values.2.key" in _pointers(io_contract(model, bad))
@@ -171,7 +171,7 @@ def test_matmulnbits_agreement_flags_block_size_and_zero_points(oga_default, tin
     next(a for a in node.attribute if a.name == "block_size").i = 32
     found = matmulnbits_agreement(model, tiny_quark.quant_config)
     assert _pointers(found) == {node.name}
-    assert "block_size=32" in found[0]["message"] and "group_size=128" in found[0]["message"]
+    assert "block_size=32" in found[0].message and "group_size=128" in found[0].message
     del node.input[3]
     assert len(matmulnbits_agreement(model, tiny_quark.quant_config)) == 2
 
@@ -197,17 +197,17 @@ def test_external_data_refs(oga_default, tmp_path):
     entry = {e.key: e for e in t.external_data}
     entry["offset"].value = str(size - 10)
     found = external_data_refs(model, folder)
-    assert _pointers(found) == {t.name} and str(size) in found[0]["message"]
+    assert _pointers(found) == {t.name} and str(size) in found[0].message
     entry["offset"].value = "0"
     entry["location"].value = "../model.onnx.data"
-    assert "outside the model folder" in external_data_refs(model, folder)[0]["message"]
+    assert "outside the model folder" in external_data_refs(model, folder)[0].message
     entry["location"].value = "/etc/passwd"
-    assert "outside the model folder" in external_data_refs(model, folder)[0]["message"]
+    assert "outside the model folder" in external_data_refs(model, folder)[0].message
     entry["location"].value = "missing.data"
-    assert "does not exist" in external_data_refs(model, folder)[0]["message"]
+    assert "does not exist" in external_data_refs(model, folder)[0].message
     entry["location"].value = "model.onnx.data"
     entry["length"].value = "7"
-    assert "needs" in external_data_refs(model, folder)[0]["message"]
+    assert "needs" in external_data_refs(model, folder)[0].message
 
 
 def test_output_check_refuses_an_lfs_pointer_graph(oga_default, tmp_path):

@@ -25,7 +25,9 @@ import mmap
 import shutil
 import time
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from pipeline.core.errors import RaipackError
 from pipeline.core.findings import Finding
@@ -102,8 +104,8 @@ def _external(t, location: str, offset: int, length: int, dims=None):
     from onnx import TensorProto
 
     t.ClearField("raw_data")
-    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
-        t.ClearField(field)
+    for name in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        t.ClearField(name)
     if dims is not None:
         del t.dims[:]
         t.dims.extend(dims)
@@ -121,205 +123,276 @@ def _json(path: Path, doc) -> int:
     return len(data)
 
 
+@dataclass
+class _Run:
+    """One fuse run: its inputs, the NPU settings it writes, the fused graph and what it wrote."""
+
+    export_dir: Path
+    quark_dir: Path | None
+    profile: dict
+    genai: dict
+    model: object  # the export's ModelProto, without its weights
+    settings: NpuSettings
+    fg: object = None  # stages.fuse.graph.FuseGraphResult
+    model_config: dict = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+    report: Callable = lambda what, done, total: None
+    written: dict = field(default_factory=dict)
+    dims: dict = field(default_factory=dict)
+    header_sha: str = ""
+    graph_sha: str = ""
+
+    @property
+    def L(self) -> dict:
+        return self.settings.report()
+
+
 def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | None = None, progress=None) -> dict:
     """Fuse an OGA int4 export into a reference package in `out_dir` (new or empty). Returns the
     report: fused nodes, bytes written, constraint findings (dicts like validator findings), seconds."""
+    t0 = time.perf_counter()
+    export_dir, out_dir = Path(export_dir).resolve(), Path(out_dir).resolve()
+    run = _prepare(export_dir, Path(quark_dir).resolve() if quark_dir else None, profile, progress)
+    with closing(_Source(export_dir, run.model)) as src, output_folder(out_dir) as stage:
+        entries = _write_weights(run, src, stage)
+        operators = _write_header(run, entries, stage)
+        _write_cache(run, operators, stage)
+        _write_plans(run, stage)
+        _write_configs(run, stage)
+    return _fuse_report(run, t0)
+
+
+def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) -> _Run:
+    """Read the export, settle the NPU settings, fuse the graph and find the Quark config.json:
+    everything that can refuse, before anything is written."""
     import onnx
 
-    t0 = time.perf_counter()
-    report = progress or (lambda what, done, total: None)
-    export_dir, out_dir = Path(export_dir).resolve(), Path(out_dir).resolve()
-    quark_dir = Path(quark_dir).resolve() if quark_dir else None
     try:
         genai = json.loads((export_dir / "genai_config.json").read_text("utf-8"))
     except FileNotFoundError:
         raise FuseError(f"{export_dir / 'genai_config.json'}: not found; the fuse stage reads an onnxruntime-genai export folder", "run the export stage first") from None
-    dec = genai["model"]["decoder"]
-    graph_name = dec.get("filename", "model.onnx")
+    graph_name = genai["model"]["decoder"].get("filename", "model.onnx")
     model = onnx.load(str(export_dir / graph_name), load_external_data=False)
     context = int(genai["model"].get("context_length") or 0) or None
     profile = profiles.for_model(profile, genai["model"].get("type"))
-    settings = lengths_for(profile, context)
-    L = settings.report()
-    findings: list[Finding] = []
-    if not is_power_of_two(L["npu_seq"]):
-        findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {L['npu_seq']} is not a power of two, but hybrid_opt_max_seq_length must be",
-                                "make the profile's largest prefill tier a power of two", "/model/decoder/session_options"))
-
-    from stages.fuse.graph import DOMAIN, Constraints, ShapeError, attr_value, fuse_graph, static_schedule
+    run = _Run(export_dir, quark_dir, profile, genai, model, lengths_for(profile, context), report=progress or (lambda what, done, total: None))
+    npu_seq = run.settings.npu_seq
+    if not is_power_of_two(npu_seq):
+        run.findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {npu_seq} is not a power of two, but hybrid_opt_max_seq_length must be",
+                                    "make the profile's largest prefill tier a power of two", "/model/decoder/session_options"))
+    from stages.fuse.graph import Constraints, fuse_graph
 
     try:
-        fg = fuse_graph(model, genai, Constraints.from_profile(profile))
+        run.fg = fuse_graph(model, genai, Constraints.from_profile(profile))
     except ValueError as err:
         raise FuseError(f"{export_dir / graph_name}: {err}", "fuse reads graphs written by the onnxruntime-genai model builder (int4, cpu)") from None
-    findings += fg.findings
-    report("graph", 1, 1)
+    run.findings += run.fg.findings
+    run.report("graph", 1, 1)
+    _read_model_config(run)
+    return run
 
-    config_src = next((d / "config.json" for d in (quark_dir, export_dir) if d and (d / "config.json").is_file()), None)
+
+def _read_model_config(run: _Run) -> None:
+    """The Quark config.json the package keeps (with its quantization_config)."""
+    config_src = next((d / "config.json" for d in (run.quark_dir, run.export_dir) if d and (d / "config.json").is_file()), None)
     if config_src is None:
-        raise FuseError(f"no config.json in {quark_dir or export_dir}: the package keeps the Quark config.json with its quantization_config",
+        raise FuseError(f"no config.json in {run.quark_dir or run.export_dir}: the package keeps the Quark config.json with its quantization_config",
                         "pass quark_dir (the quantize stage's output folder)")
-    model_config = json.loads(config_src.read_text("utf-8"))
-    if (model_config.get("quantization_config") or {}).get("quant_method") != "quark" and profile["quantization"].get("config_json") == "quark":
-        findings.append(Finding("fuse-config", "error", "config.json", f"{config_src} has no Quark quantization_config; profile {profile['id']} packages keep it",
-                                "pass the Quark export folder as quark_dir", "/quantization_config"))
+    run.model_config = json.loads(config_src.read_text("utf-8"))
+    if (run.model_config.get("quantization_config") or {}).get("quant_method") != "quark" and run.profile["quantization"].get("config_json") == "quark":
+        run.findings.append(Finding("fuse-config", "error", "config.json", f"{config_src} has no Quark quantization_config; profile {run.profile['id']} packages keep it",
+                                    "pass the Quark export folder as quark_dir", "/quantization_config"))
 
-    written: dict[str, int] = {}
-    with closing(_Source(export_dir, model)) as src, output_folder(out_dir) as stage:
-        out_model = fg.model
-        inits = {t.name: t for t in out_model.graph.initializer}
-        npu = set(fg.npu_initializers)
-        # ---- model.bin: NPU-side tensors in fused-node order ------------------------------------
-        writer = formats.WeightsWriter(stage / "model.bin", ALIGNMENT)
-        try:
-            for k, f in enumerate(fg.fused):
-                for role, name in f.weights:
-                    if name not in npu or name in writer.entries:
-                        continue
-                    t = inits[name]
-                    dims = list(t.dims)
-                    view = src.view(name)
-                    if role.endswith((".cos_cache", ".sin_cache")) and dims and dims[0] > L["max_length"]:
-                        row = len(view) // dims[0]
-                        dims[0] = L["max_length"]
-                        view = view[: row * dims[0]]
-                    writer.add(name, view, formats.ONNX_DTYPE[t.data_type], dims)
-                report("model.bin", k + 1, len(fg.fused))
-            written["model.bin"] = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        for name, e in writer.entries.items():
-            _external(inits[name], "model.bin", e["offset"], e["size"], e["shape"])
-        # ---- model.onnx.data: CPU-side tensors ----------------------------------------------------
-        pos = 0
-        with open(stage / "model.onnx.data", "wb") as fh:
-            for name in fg.cpu_initializers:
+
+def _write_weights(run: _Run, src: _Source, stage: Path) -> dict:
+    """model.bin (NPU-side tensors in fused-node order), model.onnx.data (CPU-side tensors) and the
+    graph pointing into them; returns model.bin's entries."""
+    import onnx
+
+    fg, max_length = run.fg, run.settings.max_length
+    inits = {t.name: t for t in fg.model.graph.initializer}
+    npu = set(fg.npu_initializers)
+    writer = formats.WeightsWriter(stage / "model.bin", ALIGNMENT)
+    try:
+        for k, f in enumerate(fg.fused):
+            for role, name in f.weights:
+                if name not in npu or name in writer.entries:
+                    continue
+                t = inits[name]
+                dims = list(t.dims)
                 view = src.view(name)
-                a = ALIGNMENT if len(view) >= ALIGNMENT else 64
-                start = formats.align(pos, a)
-                fh.write(b"\0" * (start - pos))
-                fh.write(view)
-                pos = start + len(view)
-                _external(inits[name], "model.onnx.data", start, len(view))
-        written["model.onnx.data"] = pos
-        onnx.save_model(out_model, str(stage / "model.onnx"))
-        written["model.onnx"] = (stage / "model.onnx").stat().st_size
-        report("weights", 1, 1)
+                if role.endswith((".cos_cache", ".sin_cache")) and dims and dims[0] > max_length:
+                    row = len(view) // dims[0]
+                    dims[0] = max_length
+                    view = view[: row * dims[0]]
+                writer.add(name, view, formats.ONNX_DTYPE[t.data_type], dims)
+            run.report("model.bin", k + 1, len(fg.fused))
+        run.written["model.bin"] = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    for name, e in writer.entries.items():
+        _external(inits[name], "model.bin", e["offset"], e["size"], e["shape"])
+    run.written["model.onnx.data"] = _write_cpu_data(fg.cpu_initializers, inits, src, stage / "model.onnx.data")
+    onnx.save_model(fg.model, str(stage / "model.onnx"))
+    run.written["model.onnx"] = (stage / "model.onnx").stat().st_size
+    run.report("weights", 1, 1)
+    return writer.entries
 
-        # ---- header ---------------------------------------------------------------------------------
-        entries = writer.entries
-        operators = []
-        for f in fg.fused:
-            operators.append({
-                "name": f.name, "op_type": f.op_type, "function": f"{DOMAIN}.{f.function}", "layer": f.layer, "device": "npu",
-                "meta": f"cache/{f.name}_meta.json", "inputs": f.inputs, "outputs": f.outputs,
-                "tensors": [{"role": role, **entries[name]} for role, name in f.weights if name in entries],
-                "cpu_inputs": [name for role, name in f.weights if name not in entries],
-            })
-        dims = {"layers": int(dec["num_hidden_layers"]), "num_heads": int(dec["num_attention_heads"]), "kv_heads": int(dec["num_key_value_heads"]),
-                "head_size": int(dec["head_size"]), "hidden_size": int(dec["hidden_size"]), "vocab_size": int(genai["model"]["vocab_size"])}
-        header = {
-            "format": formats.HEADER_FORMAT, "format_version": formats.FORMAT_VERSION,
-            "generator": "raipack fuse (reference backend)", "weights_file": "model.bin", "weights_size": written["model.bin"],
-            "alignment": ALIGNMENT, "graph": "model.onnx", "profile": profile["id"], "release": profile.get("release"),
-            "model": dims, "packing": {"MatMulNBits": formats.MATMULNBITS_PACKING},
-            "tiers": {"prefill": L["prefill"], "token": L["token"], "max_length": L["max_length"], "node": NODE},
-            "operators": operators, "cpu_nodes": fg.cpu_nodes,
-        }
-        header_bytes = formats.encode_header(header)
-        (stage / "model.pb.bin").write_bytes(header_bytes)
-        written["model.pb.bin"] = len(header_bytes)
-        header_sha = formats.sha256_hex(header_bytes)
-        graph_sha = sha256_file(stage / "model.onnx")
 
-        # ---- cache/: descriptor + meta per fused node -------------------------------------------------
-        cache = stage / "cache"
-        cache.mkdir()
-        for f, op in zip(fg.fused, operators):
-            attrs = {ref: attr_value(a) for ref, a in f.attrs.items()}
-            desc = formats.encode_const({"format": "raipack-node-descriptor", "format_version": 1, "node": f.name, "op_type": f.op_type,
-                                         "layer": f.layer, "attrs": attrs, "inputs": f.inputs, "outputs": f.outputs,
-                                         "tensors": [{k: t[k] for k in ("role", "name", "offset", "size", "dtype", "shape")} for t in op["tensors"]],
-                                         "header_sha256": header_sha})
-            (cache / f"{f.name}.const").write_bytes(desc)
-            tmap = {"descriptor": {"file_name": f"{f.name}.const", "file_size": len(desc)}}
-            for t in op["tensors"]:
-                tmap[t["role"]] = {"packed_buffer_label": "model.bin", "offset": t["offset"], "size_in_bytes": t["size"]}
-            ops = f.npu_ops()
-            for o in ops:
-                if o["type"] == "MladfMatMul":
-                    o["attrs"]["total_seq_len"] = L["max_length"]
-            written[f"cache/{f.name}_meta.json"] = _json(cache / f"{f.name}_meta.json", {
-                "dd_meta_major_version": 1, "dd_meta_minor_version": 4, "op_list": ops, "tensor_map": tmap, "state_table_updates": [],
-                "raipack": {"format": "raipack-cache-meta", "format_version": 1, "node": f.name, "op_type": f.op_type, "layer": f.layer,
-                            "header": "model.pb.bin", "note": "raipack's open layout; not AMD's dynamic-dispatch format"}})
-            written[f"cache/{f.name}.const"] = len(desc)
-        report("cache", 1, 1)
+def _write_cpu_data(names, inits: dict, src: _Source, path: Path) -> int:
+    """The CPU-side tensors, aligned, into `path`; their initializers point there. Returns its size."""
+    pos = 0
+    with open(path, "wb") as fh:
+        for name in names:
+            view = src.view(name)
+            a = ALIGNMENT if len(view) >= ALIGNMENT else 64
+            start = formats.align(pos, a)
+            fh.write(b"\0" * (start - pos))
+            fh.write(view)
+            pos = start + len(view)
+            _external(inits[name], "model.onnx.data", start, len(view))
+    return pos
 
-        # ---- dd_metastate_* plans, one per tier --------------------------------------------------------
-        kvh, hs = dims["kv_heads"], dims["head_size"]
-        weights = {t.name for t in out_model.graph.initializer}
-        jobs = [("prefill", t, t, _token_window(L["token"], t)) for t in L["prefill"]] + [("token", t, 1, t) for t in L["token"]]
-        for k, (phase, tier, seq, window) in enumerate(jobs):
-            feeds = {fg.io["input_ids"]: ("int64", [1, seq]), fg.io["attention_mask"]: ("int64", [1, window])}
-            for pair in fg.io["past"]:
-                for n in pair:
-                    feeds[n] = ("float32", [1, kvh, window, hs])
-            try:
-                steps, info = static_schedule(out_model, feeds)
-            except ShapeError as err:
-                raise FuseError(f"cannot plan the {phase} tier {tier}: {err}", "the graph has an operator the plan builder does not know; please report it") from None
-            plan = formats.build_plan(phase=phase, tier=tier, seq=seq, window=window, max_length=L["max_length"], node=NODE, model=dims,
-                                      steps=steps, info=info, io=fg.io, weights=weights)
-            problems = formats.plan_problems(plan, phase=phase, tier=tier)
-            if problems:
-                raise FuseError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", "this is a raipack bug; please report it")
-            stem = formats.metastate_stem(phase, NODE, tier)
-            plan_bytes = (json.dumps(plan, indent=1) + "\n").encode("utf-8")
-            (stage / f"{stem}.plan").write_bytes(plan_bytes)
-            state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
-                                          "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": header_sha, "graph_sha256": graph_sha})
-            (stage / f"{stem}.state").write_bytes(state)
-            written[f"{stem}.plan"] = len(plan_bytes)
-            written[f"{stem}.state"] = len(state)
-            report("plans", k + 1, len(jobs))
 
-        # ---- configs, tokenizer, card ----------------------------------------------------------------
-        copied = []
-        for name in CONFIG_FILES:
-            for d in (export_dir, quark_dir):
-                if d and (d / name).is_file():
-                    shutil.copy2(d / name, stage / name)
-                    copied.append(name)
-                    break
-        gen_cfg = {}
-        if (stage / "generation_config.json").is_file():
-            gen_cfg = json.loads((stage / "generation_config.json").read_text("utf-8"))
-        new_genai = _genai_config(genai, settings.provider_options(profile), L, gen_cfg)
-        written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
-        written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
-        written["config.json"] = _json(stage / "config.json", model_config)
-        card = _readme(model_config, profile, L, fg, written, findings)
-        (stage / "README.md").write_text(card, "utf-8")
-        written["README.md"] = len(card.encode())
-        for name in copied:
-            written.setdefault(name, (stage / name).stat().st_size)
+def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
+    """model.pb.bin, the header indexing model.bin; returns its operators."""
+    from stages.fuse.graph import DOMAIN
 
+    fg, profile, L = run.fg, run.profile, run.L
+    dec, model = run.genai["model"]["decoder"], run.genai["model"]
+    operators = [{
+        "name": f.name, "op_type": f.op_type, "function": f"{DOMAIN}.{f.function}", "layer": f.layer, "device": "npu",
+        "meta": f"cache/{f.name}_meta.json", "inputs": f.inputs, "outputs": f.outputs,
+        "tensors": [{"role": role, **entries[name]} for role, name in f.weights if name in entries],
+        "cpu_inputs": [name for role, name in f.weights if name not in entries],
+    } for f in fg.fused]
+    run.dims = {"layers": int(dec["num_hidden_layers"]), "num_heads": int(dec["num_attention_heads"]), "kv_heads": int(dec["num_key_value_heads"]),
+                "head_size": int(dec["head_size"]), "hidden_size": int(dec["hidden_size"]), "vocab_size": int(model["vocab_size"])}
+    header = {
+        "format": formats.HEADER_FORMAT, "format_version": formats.FORMAT_VERSION,
+        "generator": "raipack fuse (reference backend)", "weights_file": "model.bin", "weights_size": run.written["model.bin"],
+        "alignment": ALIGNMENT, "graph": "model.onnx", "profile": profile["id"], "release": profile.get("release"),
+        "model": run.dims, "packing": {"MatMulNBits": formats.MATMULNBITS_PACKING},
+        "tiers": {"prefill": L["prefill"], "token": L["token"], "max_length": L["max_length"], "node": NODE},
+        "operators": operators, "cpu_nodes": fg.cpu_nodes,
+    }
+    header_bytes = formats.encode_header(header)
+    (stage / "model.pb.bin").write_bytes(header_bytes)
+    run.written["model.pb.bin"] = len(header_bytes)
+    run.header_sha = formats.sha256_hex(header_bytes)
+    run.graph_sha = sha256_file(stage / "model.onnx")
+    return operators
+
+
+def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
+    """cache/: a descriptor (.const) and a meta file per fused node."""
+    from stages.fuse.graph import attr_value
+
+    cache = stage / "cache"
+    cache.mkdir()
+    for f, op in zip(run.fg.fused, operators):
+        attrs = {ref: attr_value(a) for ref, a in f.attrs.items()}
+        desc = formats.encode_const({"format": "raipack-node-descriptor", "format_version": 1, "node": f.name, "op_type": f.op_type,
+                                     "layer": f.layer, "attrs": attrs, "inputs": f.inputs, "outputs": f.outputs,
+                                     "tensors": [{k: t[k] for k in ("role", "name", "offset", "size", "dtype", "shape")} for t in op["tensors"]],
+                                     "header_sha256": run.header_sha})
+        (cache / f"{f.name}.const").write_bytes(desc)
+        tmap = {"descriptor": {"file_name": f"{f.name}.const", "file_size": len(desc)}}
+        for t in op["tensors"]:
+            tmap[t["role"]] = {"packed_buffer_label": "model.bin", "offset": t["offset"], "size_in_bytes": t["size"]}
+        ops = f.npu_ops()
+        for o in ops:
+            if o["type"] == "MladfMatMul":
+                o["attrs"]["total_seq_len"] = run.settings.max_length
+        run.written[f"cache/{f.name}_meta.json"] = _json(cache / f"{f.name}_meta.json", {
+            "dd_meta_major_version": 1, "dd_meta_minor_version": 4, "op_list": ops, "tensor_map": tmap, "state_table_updates": [],
+            "raipack": {"format": "raipack-cache-meta", "format_version": 1, "node": f.name, "op_type": f.op_type, "layer": f.layer,
+                        "header": "model.pb.bin", "note": "raipack's open layout; not AMD's dynamic-dispatch format"}})
+        run.written[f"cache/{f.name}.const"] = len(desc)
+    run.report("cache", 1, 1)
+
+
+def _write_plans(run: _Run, stage: Path) -> None:
+    """dd_metastate_* plans and states, one per prefill and token tier."""
+    S = run.settings
+    weights = {t.name for t in run.fg.model.graph.initializer}
+    jobs = [("prefill", t, t, _token_window(S.token, t)) for t in S.prefill] + [("token", t, 1, t) for t in S.token]
+    for k, (phase, tier, seq, window) in enumerate(jobs):
+        plan = _plan(run, phase, tier, seq, window, weights)
+        stem = formats.metastate_stem(phase, NODE, tier)
+        plan_bytes = (json.dumps(plan, indent=1) + "\n").encode("utf-8")
+        (stage / f"{stem}.plan").write_bytes(plan_bytes)
+        state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
+                                      "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": run.header_sha, "graph_sha256": run.graph_sha})
+        (stage / f"{stem}.state").write_bytes(state)
+        run.written[f"{stem}.plan"] = len(plan_bytes)
+        run.written[f"{stem}.state"] = len(state)
+        run.report("plans", k + 1, len(jobs))
+
+
+def _plan(run: _Run, phase: str, tier: int, seq: int, window: int, weights: set) -> dict:
+    """The static plan of one tier: `seq` positions over a KV window of `window`."""
+    from stages.fuse.graph import ShapeError, static_schedule
+
+    fg, kvh, hs = run.fg, run.dims["kv_heads"], run.dims["head_size"]
+    feeds = {fg.io["input_ids"]: ("int64", [1, seq]), fg.io["attention_mask"]: ("int64", [1, window])}
+    for pair in fg.io["past"]:
+        for n in pair:
+            feeds[n] = ("float32", [1, kvh, window, hs])
+    try:
+        steps, info = static_schedule(fg.model, feeds)
+    except ShapeError as err:
+        raise FuseError(f"cannot plan the {phase} tier {tier}: {err}", "the graph has an operator the plan builder does not know; please report it") from None
+    plan = formats.build_plan(phase=phase, tier=tier, seq=seq, window=window, max_length=run.settings.max_length, node=NODE, model=run.dims,
+                              steps=steps, info=info, io=fg.io, weights=weights)
+    problems = formats.plan_problems(plan, phase=phase, tier=tier)
+    if problems:
+        raise FuseError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", "this is a raipack bug; please report it")
+    return plan
+
+
+def _write_configs(run: _Run, stage: Path) -> None:
+    """genai_config.json (the settings' provider options and search), rai_config.json, config.json,
+    the tokenizer and license files, the card."""
+    copied = []
+    for name in CONFIG_FILES:
+        for d in (run.export_dir, run.quark_dir):
+            if d and (d / name).is_file():
+                shutil.copy2(d / name, stage / name)
+                copied.append(name)
+                break
+    gen_cfg = {}
+    if (stage / "generation_config.json").is_file():
+        gen_cfg = json.loads((stage / "generation_config.json").read_text("utf-8"))
+    L = run.L
+    new_genai = _genai_config(run.genai, run.settings.provider_options(run.profile), L, gen_cfg)
+    run.written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
+    run.written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
+    run.written["config.json"] = _json(stage / "config.json", run.model_config)
+    card = _readme(run.model_config, run.profile, L, run.fg, run.written, run.findings)
+    (stage / "README.md").write_text(card, "utf-8")
+    run.written["README.md"] = len(card.encode())
+    for name in copied:
+        run.written.setdefault(name, (stage / name).stat().st_size)
+
+
+def _fuse_report(run: _Run, t0: float) -> dict:
+    fg, L = run.fg, run.L
     return {
         "backend": "reference",
-        "profile": profile["id"],
+        "profile": run.profile["id"],
         "seconds": round(time.perf_counter() - t0, 3),
         "fused_nodes": [{"name": f.name, "op_type": f.op_type, "layer": f.layer, "members": [n.name for n in f.members]} for f in fg.fused],
         "fused_counts": _counts(fg.fused),
         "cpu_nodes": fg.cpu_nodes,
         "npu_tensors": len(fg.npu_initializers),
         "cpu_tensors": len(fg.cpu_initializers),
-        "bytes_written": sum(written.values()),
-        "files": written,
+        "bytes_written": sum(run.written.values()),
+        "files": run.written,
         "lengths": L,
-        "findings": [f.to_dict() for f in findings],
-        "npu_complete": not any(f.severity == "error" for f in findings),
+        "findings": [f.to_dict() for f in run.findings],
+        "npu_complete": not any(f.severity == "error" for f in run.findings),
         "summary": f"{len(fg.fused)} fused nodes, {len(L['prefill'])} prefill + {len(L['token'])} token tiers, max_length {L['max_length']}",
     }
 

@@ -60,29 +60,28 @@ CPU_FAITHFUL_OPTIONS = {"accuracy_level": "1"}
 BUILDER_CACHE = ".builder-cache"  # the builder's scratch folder, inside the output until it returns
 
 
-class ExportError(RaipackError):
-    """A bad export input; str() is the sentence the user reads, `hint` the next step."""
+HINT = 'check the Quark export and the [export] options'
 
 
 def read_quark_config(quark_dir: Path) -> tuple[dict, dict]:
-    """(config.json, its quantization_config) of a Quark export; raises ExportError if not one."""
+    """(config.json, its quantization_config) of a Quark export; raises RaipackError if not one."""
     path = Path(quark_dir) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ExportError(f"{path}: not found; the export stage reads a Quark export folder",
+        raise RaipackError(f"{path}: not found; the export stage reads a Quark export folder",
                           "run the quantize stage first, or point at the folder it wrote") from None
     except json.JSONDecodeError as err:
-        raise ExportError(f"{path}: not valid JSON ({err})", "re-run the quantize stage") from None
+        raise RaipackError(f"{path}: not valid JSON ({err})", "re-run the quantize stage") from None
     qc = config.get("quantization_config") or {}
     if qc.get("quant_method") != "quark":
-        raise ExportError(
+        raise RaipackError(
             f"{path}: quantization_config.quant_method is {qc.get('quant_method')!r}, expected 'quark'",
             "export the Quark model with export_safetensors(custom_mode='quark')",
         )
     weight = (qc.get("global_quant_config") or {}).get("weight") or {}
     if not weight.get("group_size"):
-        raise ExportError(
+        raise RaipackError(
             f"{path}: quantization_config.global_quant_config.weight has no group_size",
             "quantize with a per-group scheme such as uint4_wo_128",
         )

@@ -22,16 +22,13 @@ class ExportConfig:
 
 def run(job: Job) -> dict:
     from pipeline.data import heldout_text
-    from stages.export.builder import ExportError, export
+    from stages.export.builder import export
     from stages.export.parity import parity
 
     cfg: ExportConfig = job.config
     quark = job.inputs["quantize"]
     execution_provider = "dml" if job.profile["target"] == "hybrid" else "cpu"
-    try:
-        report = export(quark, job.workdir, execution_provider=execution_provider, keep_excluded_float=cfg.keep_excluded_float, extra_options=dict(cfg.extra_options))
-    except ExportError as exc:
-        raise RaipackError(str(exc), exc.hint or "check the Quark export and the [export] options") from None
+    report = export(quark, job.workdir, execution_provider=execution_provider, keep_excluded_float=cfg.keep_excluded_float, extra_options=dict(cfg.extra_options))
     if cfg.parity:
         p = parity(quark, job.workdir, PROMPTS, heldout_text(), cfg.parity_steps)
         report["parity"] = p

@@ -45,12 +45,9 @@ def run(job: Job) -> dict:
 
         report = generate(job.profile, export, job.workdir)
     else:
-        from stages.fuse.reference import FuseError, fuse
+        from stages.fuse.reference import fuse
 
-        try:
-            report = fuse(export, job.workdir, profiles.get(reference_profile(job.profile)), quark_dir=quark, progress=job.progress.callback("fuse"))
-        except FuseError as exc:
-            raise RaipackError(str(exc), exc.hint) from None
+        report = fuse(export, job.workdir, profiles.get(reference_profile(job.profile)), quark_dir=quark, progress=job.progress.callback("fuse"))
         errors = [f for f in report.get("findings", []) if f.get("severity") == "error"]
         if errors:
             raise RaipackError(f"the model cannot go to the NPU as built: {errors[0]['message']}", errors[0].get("hint", ""))

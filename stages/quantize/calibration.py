@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.errors import RaipackError
 from pipeline.data import CALIBRATION_TEXT
 
 DEFAULT_CALIBRATION = CALIBRATION_TEXT  # what quantize calibrates with unless a recipe names a file
 SUPPORTED_SUFFIXES = (".txt", ".jsonl")
 
 
-class CalibrationError(ValueError):
-    """Calibration data is missing, unreadable or too small; str() names the file (and line)."""
+HINT = "fix the recipe's [quantize] options or the input model"
 
 
 def _line_of(data: bytes, offset: int) -> int:
@@ -35,23 +35,23 @@ def read_texts(path: Path) -> list[str]:
     """The documents of a ``.txt`` (paragraphs, blank-line separated) or ``.jsonl`` file."""
     path = Path(path)
     if path.suffix not in SUPPORTED_SUFFIXES:
-        raise CalibrationError(
-            f"{path}: unsupported calibration file type '{path.suffix}'; expected .txt or .jsonl"
+        raise RaipackError(
+            f"{path}: unsupported calibration file type '{path.suffix}'; expected .txt or .jsonl", HINT
         )
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise CalibrationError(f"{path}: calibration file not found") from None
+        raise RaipackError(f"{path}: calibration file not found", HINT) from None
     except OSError as exc:
-        raise CalibrationError(f"{path}: cannot read calibration file: {exc.strerror or exc}") from None
+        raise RaipackError(f"{path}: cannot read calibration file: {exc.strerror or exc}", HINT) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CalibrationError(
-            f"{path}:{_line_of(data, exc.start)}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        raise RaipackError(
+            f"{path}:{_line_of(data, exc.start)}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})", HINT
         ) from None
     if not text.strip():
-        raise CalibrationError(f"{path}: calibration file is empty")
+        raise RaipackError(f"{path}: calibration file is empty", HINT)
 
     if path.suffix == ".txt":
         docs, current = [], []
@@ -72,17 +72,17 @@ def read_texts(path: Path) -> list[str]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CalibrationError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+            raise RaipackError(f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})", HINT) from None
         if not isinstance(obj, dict) or "text" not in obj:
-            raise CalibrationError(f'{path}:{lineno}: expected an object with a "text" field, got {line[:60]!r}')
+            raise RaipackError(f'{path}:{lineno}: expected an object with a "text" field, got {line[:60]!r}', HINT)
         if not isinstance(obj["text"], str):
-            raise CalibrationError(
-                f'{path}:{lineno}: "text" must be a string, got {type(obj["text"]).__name__}'
+            raise RaipackError(
+                f'{path}:{lineno}: "text" must be a string, got {type(obj["text"]).__name__}', HINT
             )
         if obj["text"].strip():
             docs.append(obj["text"])
     if not docs:
-        raise CalibrationError(f'{path}: no line has a non-empty "text" field')
+        raise RaipackError(f'{path}: no line has a non-empty "text" field', HINT)
     return docs
 
 
@@ -93,10 +93,10 @@ def tokenize_texts(
     import torch
 
     if num_samples < 1 or seq_len < 1:
-        raise CalibrationError(f"{source}: num_samples and seq_len must be >= 1, got {num_samples} and {seq_len}")
+        raise RaipackError(f"{source}: num_samples and seq_len must be >= 1, got {num_samples} and {seq_len}", HINT)
     docs = [t for t in texts if isinstance(t, str) and t.strip()]
     if not docs:
-        raise CalibrationError(f"{source}: no non-empty text to calibrate with")
+        raise RaipackError(f"{source}: no non-empty text to calibrate with", HINT)
     sep = getattr(tokenizer, "eos_token_id", None)
     stream: list[int] = []
     for doc in docs:
@@ -106,9 +106,9 @@ def tokenize_texts(
             stream.append(int(sep))
     windows = len(stream) // seq_len
     if windows < num_samples:
-        raise CalibrationError(
+        raise RaipackError(
             f"{source}: {len(stream)} tokens give {windows} windows of {seq_len} tokens, "
-            f"{num_samples} samples were asked for; use fewer or shorter samples or a larger file"
+            f"{num_samples} samples were asked for; use fewer or shorter samples or a larger file", HINT
         )
     # evenly spread windows over the corpus
     picks = [(i * windows) // num_samples for i in range(num_samples)]

@@ -12,16 +12,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.errors import RaipackError
 
-class QualityError(RuntimeError):
-    """A model folder cannot be loaded or probed; str() is the user-facing sentence."""
+HINT = 'check that the folder holds a Hugging Face model with its tokenizer (re-run the stage that wrote it with --force)'
 
 
 def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a folder, fp32 or Quark export, on CPU, eval mode."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise QualityError(f"{model_dir}: no config.json; expected a Hugging Face model folder")
+        raise RaipackError(f"{model_dir}: no config.json; expected a Hugging Face model folder", HINT)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -52,10 +52,10 @@ def perplexity(model: Any, tokenizer: Any, text: str, max_len: int = 1024, strid
     import torch
 
     if not text.strip():
-        raise QualityError("perplexity needs a non-empty text")
+        raise RaipackError("perplexity needs a non-empty text", HINT)
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
     if ids.numel() < 2:
-        raise QualityError(f"perplexity needs at least 2 tokens, the text has {ids.numel()}")
+        raise RaipackError(f"perplexity needs at least 2 tokens, the text has {ids.numel()}", HINT)
     stride = stride or max_len
     nll_sum, count, prev_end = 0.0, 0, 0
     with torch.inference_mode():

@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.core.errors import RaipackError
+
 Progress = Callable[[str, int, int], None]
 GroupSize = int | Literal["auto"]
 
@@ -49,15 +51,14 @@ WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin.inde
 NEVER_COPY = ("config.json", "manifest.json", "log.txt")  # log.txt: a build stage's library log (pipeline.build.logs)
 
 
-class QuantizeError(ValueError):
-    """The quantize stage cannot run on this input; str() is the user-facing sentence."""
+HINT = "fix the recipe's [quantize] options or the input model"
 
 
-class GroupSizeError(QuantizeError):
-    """The group size does not divide the input width of some layers."""
+class GroupSizeError(RaipackError):
+    """The group size does not divide the input width of some layers (carries them, for the "auto" choice and the tests)."""
 
     def __init__(self, message: str, group_size: int, offenders: list[tuple[str, int]]):
-        super().__init__(message)
+        super().__init__(message, HINT)
         self.group_size = group_size
         self.offenders = offenders
 
@@ -182,9 +183,9 @@ def _read_config(model_config_or_dir: Any) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise QuantizeError(f"{path}: not found; expected a Hugging Face model folder with config.json") from None
+        raise RaipackError(f"{path}: not found; expected a Hugging Face model folder with config.json", HINT) from None
     except json.JSONDecodeError as exc:
-        raise QuantizeError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        raise RaipackError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}", HINT) from None
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +262,7 @@ def check_group_size(
     built on the meta device (no weights loaded). An empty list means the size works.
     """
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise QuantizeError(f"group size must be a positive integer, got {group_size!r}")
+        raise RaipackError(f"group size must be a positive integer, got {group_size!r}", HINT)
     cfg = _read_config(model_config_or_dir)
     shapes = linear_shapes(cfg)
     if shapes is None:
@@ -311,8 +312,8 @@ def resolve_group_size(
             offenders,
         )
     if group_size not in GROUP_SIZES:
-        raise QuantizeError(
-            f"group size {group_size!r} is not supported; expected one of {', '.join(map(str, GROUP_SIZES))} or 'auto'"
+        raise RaipackError(
+            f"group size {group_size!r} is not supported; expected one of {', '.join(map(str, GROUP_SIZES))} or 'auto'", HINT
         )
     offenders = check_group_size(model_config_or_dir, group_size, exclude)
     if offenders:
@@ -330,18 +331,18 @@ def check_source_dir(src_dir: Path) -> list[str]:
     """Refuse folders without safetensors weights; returns warnings (e.g. ignored pickles)."""
     src_dir = Path(src_dir)
     if not (src_dir / "config.json").is_file():
-        raise QuantizeError(f"{src_dir}: no config.json; expected a Hugging Face model folder")
+        raise RaipackError(f"{src_dir}: no config.json; expected a Hugging Face model folder", HINT)
     pickles = sorted(p.name for p in src_dir.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
     safetensors = sorted(p.name for p in src_dir.glob("*.safetensors"))
     if not safetensors:
         if pickles:
-            raise QuantizeError(
+            raise RaipackError(
                 f"{src_dir}: only pickle checkpoints ({', '.join(pickles)}); raipack loads safetensors only, "
                 "because unpickling runs arbitrary code. Convert them first, e.g. "
                 "AutoModelForCausalLM.from_pretrained(dir).save_pretrained(new_dir, safe_serialization=True) "
-                "in a sandbox you trust"
+                "in a sandbox you trust", HINT
             )
-        raise QuantizeError(f"{src_dir}: no *.safetensors weights found")
+        raise RaipackError(f"{src_dir}: no *.safetensors weights found", HINT)
     if pickles:
         return [f"ignoring pickle files in {src_dir}: {', '.join(pickles)} (safetensors are used)"]
     return []
@@ -480,7 +481,7 @@ def _fix_config(out_dir: Path, src_cfg: dict | None = None) -> dict[str, Any]:
             cfg[key] = src_cfg[key]
     qc = cfg.get("quantization_config")
     if not isinstance(qc, dict) or qc.get("quant_method") != "quark":
-        raise QuantizeError(f"{path}: Quark's export wrote no quark quantization_config")
+        raise RaipackError(f"{path}: Quark's export wrote no quark quantization_config", HINT)
     if not qc.get("kv_cache_quant_config"):
         qc["kv_cache_quant_config"] = {}
     cfg.pop("_name_or_path", None)
@@ -532,9 +533,9 @@ def quantize(
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     algorithm = algorithm.lower()
     if algorithm not in ALGORITHMS:
-        raise QuantizeError(f"algorithm {algorithm!r} is not supported; expected one of {', '.join(ALGORITHMS)}")
+        raise RaipackError(f"algorithm {algorithm!r} is not supported; expected one of {', '.join(ALGORITHMS)}", HINT)
     if dtype not in DTYPES:
-        raise QuantizeError(f"dtype {dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+        raise RaipackError(f"dtype {dtype!r} is not supported; expected one of {', '.join(DTYPES)}", HINT)
     exclude = list(exclude_layers)
 
     # -- cheap checks, before torch is even imported
@@ -545,7 +546,7 @@ def quantize(
     if warning:
         warns.append(warning)  # the quantize stage prints it as one line
     if out_dir.resolve() == src_dir.resolve():
-        raise QuantizeError(f"{out_dir}: the output folder must differ from the source folder")
+        raise RaipackError(f"{out_dir}: the output folder must differ from the source folder", HINT)
 
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}
@@ -557,9 +558,9 @@ def quantize(
     try:
         template = LLMTemplate.get(model_type)
     except ValueError:
-        raise QuantizeError(
+        raise RaipackError(
             f"{src_dir}: Quark 0.13 has no template for model_type {model_type!r}; "
-            f"supported: {', '.join(sorted(LLMTemplate.list_available()))}"
+            f"supported: {', '.join(sorted(LLMTemplate.list_available()))}", HINT
         ) from None
     scheme = f"uint4_wo_{chosen}"
     qconfig = template.get_config(

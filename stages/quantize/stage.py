@@ -31,8 +31,8 @@ def run(job: Job) -> dict:
     from pathlib import Path
 
     from pipeline.data import heldout_text
-    from stages.quantize.calibration import CalibrationError, read_texts
-    from stages.quantize.quark_awq import QuantizeError, quantize
+    from stages.quantize.calibration import read_texts
+    from stages.quantize.quark_awq import quantize
 
     cfg: QuantizeConfig = job.config
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
@@ -40,13 +40,10 @@ def run(job: Job) -> dict:
     src = job.inputs["source"]
     from stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
     memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
-    try:
-        texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
-        report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
-                          calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
-                          progress=job.progress.callback("quantize"), notify=job.progress.line)
-    except (QuantizeError, CalibrationError) as exc:
-        raise RaipackError(str(exc), getattr(exc, "hint", "") or "fix the recipe's [quantize] options or the input model") from None
+    texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
+    report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
+                      calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
+                      progress=job.progress.callback("quantize"), notify=job.progress.line)
     report["memory"] = memory  # next to the measured peak_rss_bytes
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")

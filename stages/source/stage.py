@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.errors import RaipackError
 from pipeline.core.stage import Job, Stage
 
 
@@ -17,13 +16,10 @@ class SourceConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
-    from stages.source.gguf import SourceError, convert_gguf_to_hf, example_model_gguf
+    from stages.source.gguf import convert_gguf_to_hf, example_model_gguf
 
-    try:
-        gguf = Path(job.config.gguf) if job.config.gguf else example_model_gguf()
-        info = convert_gguf_to_hf(gguf, job.workdir)
-    except SourceError as exc:
-        raise RaipackError(str(exc), "reinstall with `make demo` (it installs the example model package)") from None
+    gguf = Path(job.config.gguf) if job.config.gguf else example_model_gguf()
+    info = convert_gguf_to_hf(gguf, job.workdir)
     info["summary"] = f"{info['architecture']} {info['layers']} layers, hidden {info['hidden_size']}, {info['parameters'] / 1e6:.0f}M parameters"
     return info
 

@@ -89,7 +89,7 @@ def test_export_writes_only_into_a_new_or_empty_folder_and_rejects_non_quark(tin
     """export() never replaces a folder (the build runner stages and swaps) and writes nothing beside it,
     its builder's scratch cache included."""
     from pipeline.core.errors import RaipackError
-    from stages.export.builder import ExportError, export
+    from stages.export.builder import export
 
     out = tmp_path / "oga"
     out.mkdir()
@@ -103,7 +103,7 @@ def test_export_writes_only_into_a_new_or_empty_folder_and_rejects_non_quark(tin
     assert _genai(out)["model"]["decoder"]["num_hidden_layers"] == 1
     assert report["extra_options"]["num_hidden_layers"] == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["oga"]
-    with pytest.raises(ExportError, match="quant_method"):
+    with pytest.raises(RaipackError, match="quant_method"):
         export(tiny_quark.fp_dir, tmp_path / "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["oga"]
 

@@ -16,13 +16,11 @@ from pipeline.core.errors import RaipackError
 from pipeline.data import HELDOUT_TEXT as HELDOUT
 from stages.quantize.calibration import (
     DEFAULT_CALIBRATION,
-    CalibrationError,
     read_texts,
     tokenize_texts,
 )
 from stages.quantize.quark_awq import (
     GroupSizeError,
-    QuantizeError,
     apply_runtime_settings,
     check_group_size,
     quantize,
@@ -107,7 +105,7 @@ def test_auto_group_size_fails_when_nothing_divides():
 
 
 def test_unsupported_group_size_rejected():
-    with pytest.raises(QuantizeError, match="group size 96 is not supported"):
+    with pytest.raises(RaipackError, match="group size 96 is not supported"):
         resolve_group_size(SMOLLM2_SHAPE, 96)
 
 
@@ -141,15 +139,15 @@ def test_pickle_checkpoint_refused(tmp_path):
     src.mkdir()
     (src / "config.json").write_text(json.dumps(SMOLLM2_SHAPE))
     (src / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
-    with pytest.raises(QuantizeError, match=r"pytorch_model\.bin.*safetensors only"):
+    with pytest.raises(RaipackError, match=r"pytorch_model\.bin.*safetensors only"):
         quantize(src, tmp_path / "out", algorithm="rtn", group_size=64)
     assert not (tmp_path / "out").exists()
 
 
 def test_unknown_algorithm_and_dtype_rejected(tiny_llama, tmp_path):
-    with pytest.raises(QuantizeError, match="algorithm 'smoothquant' is not supported"):
+    with pytest.raises(RaipackError, match="algorithm 'smoothquant' is not supported"):
         quantize(tiny_llama, tmp_path / "o", algorithm="smoothquant")
-    with pytest.raises(QuantizeError, match="dtype 'int8' is not supported"):
+    with pytest.raises(RaipackError, match="dtype 'int8' is not supported"):
         quantize(tiny_llama, tmp_path / "o", dtype="int8")
 
 
@@ -439,14 +437,14 @@ def test_calibration_samples_txt_and_jsonl(tiny_tokenizer, tmp_path):
 def test_calibration_errors_name_file_and_line(tmp_path, tiny_tokenizer, name, content, pattern):
     path = tmp_path / name
     path.write_bytes(content)
-    with pytest.raises(CalibrationError, match=pattern):
+    with pytest.raises(RaipackError, match=pattern):
         _calibration_samples(path, tiny_tokenizer, 1, 4)
 
 
 def test_calibration_missing_file_and_too_little_text(tmp_path, tiny_tokenizer):
-    with pytest.raises(CalibrationError, match=r"nope\.txt: calibration file not found"):
+    with pytest.raises(RaipackError, match=r"nope\.txt: calibration file not found"):
         _calibration_samples(tmp_path / "nope.txt", tiny_tokenizer, 1, 4)
     small = tmp_path / "small.txt"
     small.write_text("A few words only.\n")
-    with pytest.raises(CalibrationError, match=r"small\.txt: \d+ tokens give 0 windows of 512 tokens, 2 samples"):
+    with pytest.raises(RaipackError, match=r"small\.txt: \d+ tokens give 0 windows of 512 tokens, 2 samples"):
         _calibration_samples(small, tiny_tokenizer, 2, 512)

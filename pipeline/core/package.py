@@ -199,7 +199,7 @@ class Package:
                 raise ReadError(NOT_REGULAR, "remove it from the package")
             fd = os.open(real, os.O_RDONLY | _O_NONBLOCK | _O_NOFOLLOW | _O_NOCTTY)
         except OSError as exc:
-            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise ReadError(NOT_REGULAR, "remove it from the package")
@@ -211,7 +211,7 @@ class Package:
             with self.open(rel) as fh:
                 raw = fh.read(limit + 1)
         except OSError as exc:
-            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions")
+            raise ReadError(f"cannot be read: {exc.strerror or exc}", "check its permissions") from None
         if len(raw) > limit:
             raise ReadError(f"is larger than the {limit} bytes a {what} may have", "check that the right file was placed here")
         return raw
@@ -279,11 +279,11 @@ class Package:
             text = raw.decode("utf-8-sig")
             doc, duplicates = parse_json(text)
         except ReadError as exc:
-            raise JsonError(str(exc), exc.hint, exc.pointer)
+            raise JsonError(str(exc), exc.hint, exc.pointer) from None
         except UnicodeDecodeError as exc:
-            raise JsonError(f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8")
+            raise JsonError(f"is not UTF-8 text (byte {exc.start})", "save the file as UTF-8") from None
         except MemoryError:
-            raise JsonError(f"could not be parsed in the memory available ({fe.size} bytes)", "free memory, or check that the right file was placed here")
+            raise JsonError(f"could not be parsed in the memory available ({fe.size} bytes)", "free memory, or check that the right file was placed here") from None
         if duplicates:
             self._duplicates[rel] = duplicates
         return doc
@@ -327,11 +327,11 @@ def parse_json(text: str) -> tuple[object, list[DuplicateKey]]:
     try:
         doc = json.loads(text, object_pairs_hook=pairs, parse_float=number, parse_constant=_mark)
     except json.JSONDecodeError as exc:
-        raise JsonError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "fix the syntax (a truncated download is a common cause)")
+        raise JsonError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", "fix the syntax (a truncated download is a common cause)") from None
     except ValueError as exc:  # an integer of more digits than Python converts
-        raise JsonError(f"is not valid JSON: {exc}", "check that the right file was placed here")
+        raise JsonError(f"is not valid JSON: {exc}", "check that the right file was placed here") from None
     except RecursionError:
-        raise JsonError("is not usable JSON: nested too deeply", "check that the right file was placed here")
+        raise JsonError("is not usable JSON: nested too deeply", "check that the right file was placed here") from None
     if not non_finite and not doubled:
         return doc, []
     where = json_pointers(doc, {id(x) for x in non_finite} | {id(obj) for obj, _ in doubled})

@@ -108,9 +108,9 @@ def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 512, text: str | None =
         show_progress=False,
     )
     if text is None:
-        from stages.quantize.calibration import DEFAULT_CALIBRATION
+        from pipeline.data import CALIBRATION_TEXT
 
-        tok.train([str(DEFAULT_CALIBRATION)], trainer)
+        tok.train([str(CALIBRATION_TEXT)], trainer)
     else:
         tok.train_from_iterator([text], trainer)
     fast = PreTrainedTokenizerFast(

@@ -25,7 +25,7 @@ sys.path.insert(0, sys.argv[4])
 # The same process settings the stage uses (allocator thresholds, threads): without them the bare
 # script is several times slower (docs/measurements/quantize.md), and the ratio is meant to show the
 # stage's own overhead, not the settings' gain.
-from stages.quantize.quark_awq import apply_runtime_settings
+from stages.quantize.runtime import apply_runtime_settings
 apply_runtime_settings()
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeline.core.errors import RaipackError, UsageError
 from pipeline.data import load_data
-from stages.quantize.quark_awq import _text_config
+from stages.quantize.preflight import text_config
 
 ENV_LIMIT = "RAIPACK_MEMORY_LIMIT"
 GIB = 1 << 30
@@ -62,7 +62,7 @@ class Shape:
 
     @classmethod
     def from_config(cls, config_json: dict[str, Any]) -> Shape:
-        c = _text_config(config_json)
+        c = text_config(config_json)
         model_type = c.get("model_type") or config_json.get("model_type")
         missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
                    if not isinstance(c.get(k), int)]

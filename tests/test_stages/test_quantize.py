@@ -19,14 +19,9 @@ from stages.quantize.calibration import (
     read_texts,
     tokenize_texts,
 )
-from stages.quantize.quark_awq import (
-    GroupSizeError,
-    apply_runtime_settings,
-    check_group_size,
-    quantize,
-    resolve_group_size,
-    runtime_env,
-)
+from stages.quantize.preflight import GroupSizeError, check_group_size, resolve_group_size
+from stages.quantize.quark_awq import quantize
+from stages.quantize.runtime import apply_runtime_settings, runtime_env
 
 
 def config_of(path: Path) -> dict:

@@ -1,0 +1,132 @@
+"""How the quantize stage runs on the CPU: threads and allocator settings (applied before torch
+and quark are imported) and peak memory measurement."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+MMAP_THRESHOLD = 1 << 30  # 1 GiB: AWQ's largest temporaries stay below it
+TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int
+TOP_PAD = 1 << 28
+
+
+def runtime_env(threads: int | None = None) -> dict[str, str]:
+    """Environment for a process that runs Quark on CPU (measured: docs/measurements/quantize.md).
+
+    Pass it to a subprocess that runs the stage: the OpenMP and glibc variables are read
+    once at start-up. ``apply_runtime_settings`` gets the same effect inside an already
+    running process (mallopt through ctypes, torch thread count).
+    """
+    n = str(threads or _cpu_count())
+    return {
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        # Idle OpenMP workers sleep instead of spinning: on a shared 2-core machine spinning
+        # workers burn the core another process (or our own other thread) needs.
+        "OMP_WAIT_POLICY": "PASSIVE",
+        # glibc malloc: serve large blocks from the heap and keep freed memory instead of
+        # mmap/munmap per allocation. AWQ's clipping search allocates and frees tensors of
+        # hundreds of MB in a tight loop; otherwise every one is a fresh mapping whose pages
+        # the kernel zeroes again (the high system time the issue measured).
+        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+        "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+        "MALLOC_TOP_PAD_": str(TOP_PAD),
+        # Quark's own switch (read when quark is imported): skip torch.compile of its
+        # fake-quantize kernel. Same per-layer speed on CPU, saves the ~4 s compile per
+        # process and the need for a working inductor C++ toolchain.
+        "QUARK_DISABLE_COMPILE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def apply_runtime_settings(threads: int | None = None) -> dict[str, Any]:
+    """Apply the runtime settings inside this process; returns what was applied.
+
+    Missing ``runtime_env`` variables go into ``os.environ`` (OpenMP honours them only if
+    torch is imported afterwards; child processes always do); glibc's allocator is tuned
+    with ``mallopt``; torch gets the thread count and flush-denormal mode.
+    """
+    env = runtime_env(threads)
+    torch_loaded = "torch" in sys.modules
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    libc = _libc()
+    mallopt = False
+    if libc is not None:
+        mallopt = all(
+            libc.mallopt(param, value) == 1
+            for param, value in (
+                (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                (_M_TOP_PAD, TOP_PAD),
+            )
+        )
+    import torch
+
+    n = int(threads or int(os.environ.get("OMP_NUM_THREADS") or env["OMP_NUM_THREADS"]))
+    torch.set_num_threads(n)
+    denormal = bool(torch.set_flush_denormal(True))
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "flush_denormal": denormal,
+        "mallopt": mallopt,
+        "omp_env_effective": not torch_loaded,
+        "env": env,
+    }
+
+
+def release_memory() -> None:
+    """Give the memory the tuned allocator kept back to the system (after a run)."""
+    import gc
+
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def reset_peak_rss() -> bool:
+    try:  # Linux >= 4.0: "5" resets VmHWM, the peak resident set size
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

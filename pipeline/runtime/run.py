@@ -43,7 +43,7 @@ def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: 
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
     prompt = utf8_prompt(prompt)
     from pipeline.runtime.chat import chat_ids, load_tokenizer, timed_generate
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime, RuntimeRefusal
+    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
     from pipeline.runtime.trust import first_line
 
     try:
@@ -60,8 +60,6 @@ def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: 
         out = timed_generate(runtime, ids, max_new_tokens)
     except RuntimeRefusal as exc:
         raise RaipackError(str(exc), "shorten the prompt, or pass --sdk-version for a release with a larger limit") from None
-    except PackageError as exc:
-        raise RaipackError(str(exc), exc.hint) from None
     notes = [] if runtime.manifest_checked else [
         f"note: {Path(package) / 'manifest.json'} is missing, so the weights files were not checked against the hashes of the build"]
     tokens = [t for t in out.tokens if t not in runtime.eos_token_ids]

@@ -18,6 +18,7 @@ import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.core.errors import RaipackError
 from pipeline.core.package import GRAPH_MAX_BYTES, JSON_MAX_BYTES, JsonError, Package, ReadError, role_of
 
 WEIGHT_ROLES = ("npu_weights", "external_data", "npu_header", "graph", "metastate")  # must be listed, with their size
@@ -32,12 +33,9 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-class PackageError(Exception):
-    """The package cannot be run as it is (missing, corrupt or inconsistent files); `hint` is the next step."""
-
-    def __init__(self, message: str, hint: str = ""):
-        super().__init__(message)
-        self.hint = hint
+class PackageError(RaipackError):
+    """The package cannot be run as it is (missing, corrupt or inconsistent files); `hint` is the next step.
+    Its own class so a caller can tell a package that cannot run from a prompt the package refuses (RuntimeRefusal)."""
 
 
 class PackageFiles:

@@ -1,15 +1,8 @@
-"""The export stage's names for the ONNX contract readers of pipeline/npu/contract.py. The
-export's output is checked by the build runner with `raipack validate`'s checks (profile
-`oga-export`), like every stage's."""
+"""The export stage's names for the ONNX contract readers (pipeline/npu/contract.py) and the Quark
+config readers (pipeline/npu/quark_config.py). The export's output is checked by the build runner
+with `raipack validate`'s checks (profile `oga-export`), like every stage's."""
 
 from __future__ import annotations
 
-from pipeline.npu.contract import (  # noqa: F401  (re-exported for the stage and its tests)
-    external_data_refs,
-    hf_to_node,
-    io_contract,
-    is_excluded,
-    layer_weight_spec,
-    matmulnbits_agreement,
-    node_to_hf,
-)
+from pipeline.npu.contract import external_data_refs, io_contract, matmulnbits_agreement  # noqa: F401  (re-exported for the stage and its tests)
+from pipeline.npu.quark_config import hf_to_node, is_excluded, layer_weight_spec, node_to_hf  # noqa: F401

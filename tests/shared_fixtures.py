@@ -52,6 +52,18 @@ PROMPTS = ["Paris is the capital of", "The model builder writes", "Quantization 
 # ------------------------------------------------------------------------------ real packages
 
 
+@pytest.fixture(autouse=True)
+def _isolated_environment():
+    """Each test gets the process environment back as it found it: stages tune it in-process (the
+    quantize stage sets glibc allocator and OpenMP variables for its children), which would otherwise
+    leak into every later test of the worker and the subprocesses they start."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def reference_dir(tmp_path_factory):
     """Where factory.reference_package() builds the real reference packages, on first use: one folder

@@ -36,7 +36,7 @@ from pipeline.core.output import output_folder
 from pipeline.npu import formats
 from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
-from pipeline.npu.settings import NpuSettings, SettingsError, is_power_of_two
+from pipeline.npu.settings import NpuSettings, is_power_of_two
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
 CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -44,17 +44,11 @@ CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "LICENSE", "LICENSE.txt", "LICENSE.md", "USE_POLICY.md", "NOTICE")
 SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
 
-class FuseError(RaipackError):
-    """A fuse input or setting that cannot make a package; str() is the sentence, `hint` the next step."""
-
 
 def lengths_for(profile: dict, context_length: int | None) -> NpuSettings:
     """The NPU settings of a package built for `profile` from a model of `context_length` positions
     (pipeline/npu/settings.py: the same model the checks and the runtime read)."""
-    try:
-        return NpuSettings.from_profile(profile, context_length)
-    except SettingsError as err:
-        raise FuseError(str(err), err.hint) from None
+    return NpuSettings.from_profile(profile, context_length)  # SettingsError (a RaipackError) names the profile and the tier
 
 
 def _token_window(token_tiers: list[int], end: int) -> int:
@@ -82,14 +76,14 @@ class _Source:
         if loc not in self.maps:
             path = (self.folder / loc).resolve()
             if self.folder.resolve() not in path.parents:
-                raise FuseError(f"initializer {name} points at {loc}, outside the export folder", "re-run the export stage")
+                raise RaipackError(f"initializer {name} points at {loc}, outside the export folder", "re-run the export stage")
             with open(path, "rb") as fh:
                 self.maps[loc] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         off = int(ext.get("offset", 0))
         length = int(ext["length"]) if "length" in ext else formats.nbytes(formats.ONNX_DTYPE[t.data_type], t.dims)
         mm = self.maps[loc]
         if off + length > len(mm):
-            raise FuseError(f"initializer {name} ends at byte {off + length} of {loc}, which is {len(mm)} bytes", "re-run the export stage; its data file is truncated")
+            raise RaipackError(f"initializer {name} ends at byte {off + length} of {loc}, which is {len(mm)} bytes", "re-run the export stage; its data file is truncated")
         return memoryview(mm)[off: off + length]
 
     def close(self):
@@ -170,7 +164,7 @@ def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) 
     try:
         genai = json.loads((export_dir / "genai_config.json").read_text("utf-8"))
     except FileNotFoundError:
-        raise FuseError(f"{export_dir / 'genai_config.json'}: not found; the fuse stage reads an onnxruntime-genai export folder", "run the export stage first") from None
+        raise RaipackError(f"{export_dir / 'genai_config.json'}: not found; the fuse stage reads an onnxruntime-genai export folder", "run the export stage first") from None
     graph_name = genai["model"]["decoder"].get("filename", "model.onnx")
     model = onnx.load(str(export_dir / graph_name), load_external_data=False)
     context = int(genai["model"].get("context_length") or 0) or None
@@ -185,7 +179,7 @@ def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) 
     try:
         run.fg = fuse_graph(model, genai, Constraints.from_profile(profile))
     except ValueError as err:
-        raise FuseError(f"{export_dir / graph_name}: {err}", "fuse reads graphs written by the onnxruntime-genai model builder (int4, cpu)") from None
+        raise RaipackError(f"{export_dir / graph_name}: {err}", "fuse reads graphs written by the onnxruntime-genai model builder (int4, cpu)") from None
     run.findings += run.fg.findings
     run.report("graph", 1, 1)
     _read_model_config(run)
@@ -196,7 +190,7 @@ def _read_model_config(run: _Run) -> None:
     """The Quark config.json the package keeps (with its quantization_config)."""
     config_src = next((d / "config.json" for d in (run.quark_dir, run.export_dir) if d and (d / "config.json").is_file()), None)
     if config_src is None:
-        raise FuseError(f"no config.json in {run.quark_dir or run.export_dir}: the package keeps the Quark config.json with its quantization_config",
+        raise RaipackError(f"no config.json in {run.quark_dir or run.export_dir}: the package keeps the Quark config.json with its quantization_config",
                         "pass quark_dir (the quantize stage's output folder)")
     run.model_config = json.loads(config_src.read_text("utf-8"))
     if (run.model_config.get("quantization_config") or {}).get("quant_method") != "quark" and run.profile["quantization"].get("config_json") == "quark":
@@ -343,12 +337,12 @@ def _plan(run: _Run, phase: str, tier: int, seq: int, window: int, weights: set)
     try:
         steps, info = static_schedule(fg.model, feeds)
     except ShapeError as err:
-        raise FuseError(f"cannot plan the {phase} tier {tier}: {err}", "the graph has an operator the plan builder does not know; please report it") from None
+        raise RaipackError(f"cannot plan the {phase} tier {tier}: {err}", "the graph has an operator the plan builder does not know; please report it") from None
     plan = formats.build_plan(phase=phase, tier=tier, seq=seq, window=window, max_length=run.settings.max_length, node=NODE, model=run.dims,
                               steps=steps, info=info, io=fg.io, weights=weights)
     problems = formats.plan_problems(plan, phase=phase, tier=tier)
     if problems:
-        raise FuseError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", "this is a raipack bug; please report it")
+        raise RaipackError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", "this is a raipack bug; please report it")
     return plan
 
 

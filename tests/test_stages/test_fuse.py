@@ -244,7 +244,7 @@ def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path)
     """fuse() writes into its folder and nothing beside it; staging and swapping are the runner's."""
     from pipeline.core.errors import RaipackError
     from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import FuseError, fuse
+    from stages.fuse.reference import fuse
 
     out = tmp_path / "pkg"
     out.mkdir()
@@ -257,15 +257,15 @@ def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path)
     assert (out / "model.bin").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
     bad = copy.deepcopy(get_profile("reference-4K"))
     bad["genai"]["search"]["chunk_size"] = 300
-    with pytest.raises(FuseError, match="chunk_size 300, which is not one of its prefill tiers"):
+    with pytest.raises(RaipackError, match="chunk_size 300, which is not one of its prefill tiers"):
         fuse(oga16k, tmp_path / "never", bad, quark_dir=oga16k.parent / "quark")
     assert not (tmp_path / "never").exists() and not list(tmp_path.glob(".never*"))
 
 
 def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_ids, reference):
     from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
     from pipeline.runtime.reference import ReferenceRuntime
+    from stages.fuse.reference import fuse
 
     profile = copy.deepcopy(get_profile("reference-4K"))
     profile["quantization"]["allowed_group_sizes"] = [32, 64]  # the export has block_size 128
@@ -281,8 +281,9 @@ def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_
 
 
 def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path):
+    from pipeline.core.errors import RaipackError
     from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import FuseError, fuse
+    from stages.fuse.reference import fuse
 
     folder, _ = oga_default
     short = tmp_path / "short"
@@ -290,7 +291,7 @@ def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path
     genai = json.loads((short / "genai_config.json").read_text())
     genai["model"]["context_length"] = 256  # below the smallest token tier (384)
     (short / "genai_config.json").write_text(json.dumps(genai))
-    with pytest.raises(FuseError, match="context of 256 positions is below every token tier"):
+    with pytest.raises(RaipackError, match="context of 256 positions is below every token tier"):
         fuse(short, tmp_path / "pkg", get_profile("reference-4K"))
     assert not (tmp_path / "pkg").exists()
 
@@ -298,11 +299,11 @@ def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path
 def test_quantized_lm_head_becomes_a_fused_qmatmul(oga16k, tmp_path, reference, prompt_ids):
     """The builder's own int4 lm_head (shared with a GatherBlockQuantized embedding) is fused as
     QMatMul; its weights, also read by the CPU-side embedding, stay in model.onnx.data."""
+    from pipeline.npu.profile import get as get_profile
+    from pipeline.runtime.ortloop import OrtDecoder
+    from pipeline.runtime.reference import ReferenceRuntime
     from stages.export.builder import export
     from stages.fuse.reference import fuse
-    from pipeline.runtime.reference import ReferenceRuntime
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.npu.profile import get as get_profile
 
     oga = tmp_path / "oga"
     export(oga16k.parent / "quark", oga, keep_excluded_float=False)
@@ -355,8 +356,8 @@ def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
     """A profile whose max_prompt_length exceeds its largest prefill tier: prompts run in chunks of
     chunk_size, the last one padded to its tier, the KV window growing between chunks."""
     from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
     from pipeline.runtime.reference import ReferenceRuntime
+    from stages.fuse.reference import fuse
 
     profile = copy.deepcopy(get_profile("reference-16K"))
     profile["buckets"] = {"prefill": [128, 256], "token": [512, 1024, 2048]}
@@ -431,9 +432,8 @@ def test_swapped_weights_file_is_caught(packages, tmp_path):
 
 
 def test_missing_tier_is_caught(packages, tmp_path):
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
-
     from pipeline.npu.profile import get as get_profile
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-16K"][0], tmp_path)
     tier = 8064  # a token tier of the 1.8.0 16K profile

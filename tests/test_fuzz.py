@@ -138,16 +138,23 @@ def _set(doc, path, value):
     return doc
 
 
-def m_json_value(rng, root, ctx):
-    """A JSON value anywhere in a JSON file becomes a weird one."""
+def _random_json(rng, root):
+    """(a JSON file of the folder, its parsed document), or (None, why there is none)."""
     files = _json_files(root)
     if not files:
-        return "no json"
+        return None, "no json"
     f = rng.choice(files)
     try:
-        doc = json.loads(f.read_text())
+        return f, json.loads(f.read_text())
     except ValueError:
-        return "json already broken"
+        return None, "json already broken"
+
+
+def m_json_value(rng, root, ctx):
+    """A JSON value anywhere in a JSON file becomes a weird one."""
+    f, doc = _random_json(rng, root)
+    if f is None:
+        return doc
     paths = list(_paths_in(doc))
     path = rng.choice(paths)
     value = rng.choice(WEIRD_VALUES)
@@ -159,14 +166,9 @@ def m_json_value(rng, root, ctx):
 
 def m_json_delete(rng, root, ctx):
     """A key of a JSON object is removed."""
-    files = _json_files(root)
-    if not files:
-        return "no json"
-    f = rng.choice(files)
-    try:
-        doc = json.loads(f.read_text())
-    except ValueError:
-        return "json already broken"
+    f, doc = _random_json(rng, root)
+    if f is None:
+        return doc
     objects = [p for p in _paths_in(doc) if isinstance(_get(doc, p), dict) and _get(doc, p)]
     if not objects:
         return "no object"

@@ -1,7 +1,8 @@
 """Progress the way users expect: a line per stage, bars for long steps.
 
 Three modes: `rich` (a terminal: bars and colours, honours NO_COLOR), `plain`
-(not a terminal: a line per stage and every 10 % of a step), `json` (JSON
+(not a terminal: a line per stage, and for a step that has run a while a
+line at a quarter, half and three quarters of it), `json` (JSON
 lines on stderr, for CI logs); `quiet` prints only errors and the summary.
 While a stage runs, its libraries' output goes to the stage's log.txt
 (pipeline.build.logs) and these lines keep going to the terminal; `verbose`
@@ -90,15 +91,13 @@ class Progress:
                 tid = bar.add_task(description, total=total)
                 yield lambda n=1: bar.advance(tid, n)
         else:
-            done = [0, 0]
+            done = [0]
+            marks = _Milestones()
 
             def advance(n=1):
                 done[0] += n
-                if total and self.mode == "plain":
-                    tenth = done[0] * 10 // total
-                    if tenth > done[1]:
-                        done[1] = tenth
-                        self.line(f"  {description}: {done[0]}/{total} ({time.perf_counter() - start:.0f} s)")
+                if self.mode == "plain" and marks.due(done[0], total):
+                    self.line(f"  {description}: {done[0]}/{total} ({marks.seconds():.0f} s)")
                 self.event("task", task=description, done=done[0], total=total)
 
             yield advance
@@ -108,7 +107,7 @@ class Progress:
         """A `(what, done, total)` callback for stage code that reports its own
         steps (calibration batches, AWQ layers, files written)."""
         tasks: dict[str, int] = {}
-        printed: dict[str, int] = {}
+        marks: dict[str, _Milestones] = {}
 
         def report(what: str, done: int, total: int):
             self.event("task", task=f"{description}: {what}", done=done, total=total)
@@ -122,11 +121,8 @@ class Progress:
                 if what not in tasks:
                     tasks[what] = self._bar.add_task(f"{description}: {what}", total=total)
                 self._bar.update(tasks[what], completed=done, total=total)
-            elif self.mode == "plain" and total:
-                tenth = done * 10 // total
-                if tenth > printed.get(what, -1):
-                    printed[what] = tenth
-                    self.line(f"  {description}: {what} {done}/{total}")
+            elif self.mode == "plain" and marks.setdefault(what, _Milestones()).due(done, total):
+                self.line(f"  {description}: {what} {done}/{total} ({marks[what].seconds():.0f} s)")
 
         return report
 
@@ -134,6 +130,28 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+PLAIN_AFTER_SECONDS = 10.0  # plain mode: a step shorter than this prints no line of its own (its stage line follows)
+
+
+class _Milestones:
+    """When a step in plain mode prints: at 1/4, 1/2 and 3/4 of it, once it has run PLAIN_AFTER_SECONDS.
+    No line at the end (the stage line follows), at most three per step: a CI log stays short."""
+
+    def __init__(self):
+        self._start = time.perf_counter()
+        self._shown = 0
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self._start
+
+    def due(self, done: int, total: int | None) -> bool:
+        quarter = min(done * 4 // total, 3) if total else 0
+        if quarter > self._shown and self.seconds() >= PLAIN_AFTER_SECONDS:
+            self._shown = quarter
+            return True
+        return False
 
 
 _NO_REDIRECT = {"redirect_stdout": False, "redirect_stderr": False}  # a library's print belongs in the stage log, not above the bar

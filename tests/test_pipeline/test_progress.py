@@ -17,11 +17,25 @@ def drive(mode):
     return out.getvalue()
 
 
-def test_plain_prints_a_line_per_stage_and_every_tenth_of_a_step():
+def test_plain_prints_a_line_per_stage_and_nothing_for_a_short_step():
     text = drive("plain")
     assert "✔ quantize  built      12.3 s  awq uint4 g64" in text
     assert "export    cached" in text
-    assert text.count("awq layers") == 11  # 1/30, then each 10 %
+    assert "awq layers" not in text  # a step of less than PLAIN_AFTER_SECONDS: its stage line says it all
+
+
+def test_plain_prints_three_lines_at_most_for_a_long_step(monkeypatch):
+    from pipeline.build import progress
+
+    monkeypatch.setattr(progress, "PLAIN_AFTER_SECONDS", 0.0)  # every step counts as long
+    text = drive("plain")
+    assert [line.split(" (")[0] for line in text.splitlines() if "awq layers" in line] == [
+        "  quantize: awq layers 8/30", "  quantize: awq layers 15/30", "  quantize: awq layers 23/30"]  # 1/4, 1/2, 3/4
+    out = io.StringIO()
+    with Progress("plain", out).task("prefill tiers", 10) as advance:
+        for _ in range(10):
+            advance()
+    assert [line.split(" (")[0] for line in out.getvalue().splitlines()] == ["  prefill tiers: 3/10", "  prefill tiers: 5/10", "  prefill tiers: 8/10"]
 
 
 def test_json_log_is_machine_readable():

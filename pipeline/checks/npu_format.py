@@ -294,6 +294,34 @@ def _plan_schema_errors(plan_sha: str, plan: dict) -> list:
     return errs
 
 
+def _graph_sha(ctx, grel):
+    """The sha256 of the package's graph, or None when there is none or it is an LFS pointer."""
+    if not grel or ctx.pkg.files[grel].lfs:
+        return None
+    p = ctx.pkg.path(grel)
+    st = p.stat()
+    return _sha_file(str(p), st.st_size, st.st_mtime)
+
+
+def _state_findings(ctx, srel, plan_rel, plan_sha, header, graph, phase, tier):
+    """A `.state` file against its plan, the header and the graph it was written for."""
+    fmt = _formats()
+    (rel, header_sha), (grel, graph_sha) = header, graph
+    try:
+        state = fmt.decode_state(ctx.pkg.path(srel).read_bytes(), srel)
+    except fmt.FormatError as err:
+        yield ctx.finding(srel, str(err), err.hint)
+        return
+    if state.get("plan_sha256") != plan_sha:
+        yield ctx.finding(srel, f"records another sha256 for {plan_rel.rsplit('/', 1)[-1]} (the plan was edited or swapped)", "rebuild the package", "/plan_sha256")
+    if state.get("header_sha256") != header_sha:
+        yield ctx.finding(srel, f"was written for another {rel}", "rebuild the package; files of different builds were mixed", "/header_sha256")
+    if graph_sha and state.get("graph_sha256") != graph_sha:
+        yield ctx.finding(srel, f"was written for another {grel}", "rebuild the package; files of different builds were mixed", "/graph_sha256")
+    if state.get("phase") != phase or state.get("tier") != tier:
+        yield ctx.finding(srel, f"is the state of {state.get('phase')} tier {state.get('tier')}, not of {phase} tier {tier}", "rebuild the package")
+
+
 @check("RP905", "metastate-plans")
 def metastate_plans(ctx):
     """In a raipack package, every `dd_metastate_*` set's `.plan` follows
@@ -310,11 +338,7 @@ def metastate_plans(ctx):
     fmt = _formats()
     header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
     grel = ctx.graph_rel
-    graph_sha = None
-    if grel and not ctx.pkg.files[grel].lfs:
-        p = ctx.pkg.path(grel)
-        st = p.stat()
-        graph_sha = _sha_file(str(p), st.st_size, st.st_mtime)
+    graph_sha = _graph_sha(ctx, grel)
     m = doc.get("model") or {}
     model = {k: m[k] for k in ("layers", "kv_heads", "head_size", "vocab_size", "num_heads", "hidden_size") if k in m}
     max_length = (doc.get("tiers") or {}).get("max_length")
@@ -342,20 +366,7 @@ def metastate_plans(ctx):
         for pointer, message in fmt.plan_problems(plan, phase=phase, tier=tier, model=model, max_length=max_length):
             yield ctx.finding(plan_rel, message, "rebuild the package", pointer)
         if "state" in exts and not ctx.pkg.files[exts["state"]].lfs:
-            srel = exts["state"]
-            try:
-                state = fmt.decode_state(ctx.pkg.path(srel).read_bytes(), srel)
-            except fmt.FormatError as err:
-                yield ctx.finding(srel, str(err), err.hint)
-                continue
-            if state.get("plan_sha256") != plan_sha:
-                yield ctx.finding(srel, f"records another sha256 for {plan_rel.rsplit('/', 1)[-1]} (the plan was edited or swapped)", "rebuild the package", "/plan_sha256")
-            if state.get("header_sha256") != header_sha:
-                yield ctx.finding(srel, f"was written for another {rel}", "rebuild the package; files of different builds were mixed", "/header_sha256")
-            if graph_sha and state.get("graph_sha256") != graph_sha:
-                yield ctx.finding(srel, f"was written for another {grel}", "rebuild the package; files of different builds were mixed", "/graph_sha256")
-            if state.get("phase") != phase or state.get("tier") != tier:
-                yield ctx.finding(srel, f"is the state of {state.get('phase')} tier {state.get('tier')}, not of {phase} tier {tier}", "rebuild the package")
+            yield from _state_findings(ctx, exts["state"], plan_rel, plan_sha, (rel, header_sha), (grel, graph_sha), phase, tier)
 
 
 @check("RP906", "tier-options")

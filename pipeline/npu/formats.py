@@ -325,93 +325,112 @@ def plan_problems(plan: dict, *, phase: str | None = None, tier: int | None = No
     (layers, kv_heads, head_size, vocab_size) and `max_length` are what the file name and the
     package say it must match."""
     out: list[tuple[str, str]] = []
+    # each part appends to `out` as it goes, so a field missing halfway keeps what was found before it
     try:
         S, T, L = plan["sequence_length"], plan["kv_window"], plan["tier"]
-        if phase and plan["phase"] != phase:
-            out.append(("/phase", f"phase is {plan['phase']!r} but the file name says {phase!r}"))
-        if tier is not None and L != tier:
-            out.append(("/tier", f"tier is {L} but the file name says {tier}"))
-        if plan["phase"] == "prefill" and S != L:
-            out.append(("/sequence_length", f"a prefill plan of tier {L} runs {S} positions; expected {L}"))
-        if plan["phase"] == "token" and (S != 1 or T != L):
-            out.append(("/kv_window", f"a token plan of tier {L} must run 1 position over a {L}-position window; it says {S} over {T}"))
-        if T < S:
-            out.append(("/kv_window", f"the KV window {T} is shorter than the {S} positions of one call"))
-        ml = max_length if max_length is not None else plan.get("max_length")
-        if ml is not None and (T > ml or plan.get("max_length") != ml):
-            out.append(("/max_length", f"the plan is for max_length {plan.get('max_length')} with a {T}-position window; the package's max_length is {ml}"))
+        _plan_shape_problems(out, plan, S, T, L, phase=phase, tier=tier, max_length=max_length)
         m = plan["model"]
         if model:
             for key, value in model.items():
                 if key in m and m[key] != value:
                     out.append((f"/model/{key}", f"{key} is {m[key]} in the plan but {value} in the package"))
         tensors = plan["tensors"]
-        for name, t in tensors.items():
-            if t["dtype"] not in DTYPE_SIZE:
-                out.append((f"/tensors/{name}", f"tensor {name} has unknown dtype {t['dtype']!r}"))
-            elif nbytes(t["dtype"], t["shape"]) != t["bytes"]:
-                out.append((f"/tensors/{name}/bytes", f"tensor {name} is {t['dtype']} {t['shape']} ({nbytes(t['dtype'], t['shape'])} bytes) but the plan gives {t['bytes']} bytes"))
-        io = plan["io"]
-        want = {"input_ids": [1, S], "attention_mask": [1, T], "logits": [1, 1, m["vocab_size"]]}
-        for key, shape in want.items():
-            name = io.get(key)
-            if name not in tensors:
-                out.append((f"/io/{key}", f"the plan has no tensor for {key} ({name!r})"))
-            elif tensors[name]["shape"] != shape:
-                out.append((f"/tensors/{name}/shape", f"{key} is {tensors[name]['shape']} at tier {L}; expected {shape}"))
-        # the arena: bounds, alignment, no two live buffers sharing bytes
-        arena = plan["arena"]
-        size, a = arena["size"], arena["alignment"]
-        steps = len(plan["schedule"])
-        events: dict[int, list] = {}
-        for k, b in enumerate(arena["buffers"]):
-            p = f"/arena/buffers/{k}"
-            if b["offset"] % a:
-                out.append((p + "/offset", f"buffer {b['name']} starts at {b['offset']}, not a multiple of {a}"))
-            if b["offset"] + b["size"] > size:
-                out.append((p + "/size", f"buffer {b['name']} ends at {b['offset'] + b['size']}, past the {size}-byte arena"))
-            if not 0 <= b["first_step"] <= b["last_step"] <= steps + 1:
-                out.append((p, f"buffer {b['name']} has lifetime [{b['first_step']}, {b['last_step']}] outside the {steps} steps"))
-            t = tensors.get(b["name"])
-            if t is not None and b["size"] < t["bytes"]:
-                out.append((p + "/size", f"buffer {b['name']} is {b['size']} bytes, smaller than its {t['bytes']}-byte tensor"))
-            for s in range(max(0, b["first_step"]), min(steps + 1, b["last_step"]) + 1):
-                events.setdefault(s, []).append(b)
-        reported = set()
-        for s, live in sorted(events.items()):
-            live = sorted(live, key=lambda b: b["offset"])
-            for x, y in zip(live, live[1:]):
-                if x["offset"] + x["size"] > y["offset"] and x["size"] and y["size"] and (x["name"], y["name"]) not in reported:
-                    reported.add((x["name"], y["name"]))
-                    out.append(("/arena/buffers", f"buffers {x['name']} and {y['name']} are live together at step {s} but overlap (bytes {y['offset']}..{x['offset'] + x['size']})"))
-        # the KV cache binding
-        kv = plan["kv_cache"]
-        region = kv["max_length"] * m["kv_heads"] * m["head_size"] * DTYPE_SIZE[kv["dtype"]]
-        if kv["region_bytes"] != region:
-            out.append(("/kv_cache/region_bytes", f"region_bytes is {kv['region_bytes']}; {kv['max_length']} positions × {m['kv_heads']} heads × {m['head_size']} need {region}"))
-        if kv["window"] != T:
-            out.append(("/kv_cache/window", f"the KV binding's window is {kv['window']} but the plan's kv_window is {T}"))
-        if len(kv["bindings"]) != 2 * m["layers"]:
-            out.append(("/kv_cache/bindings", f"{len(kv['bindings'])} KV bindings for {m['layers']} layers; expected {2 * m['layers']}"))
-        spans = []
-        for k, b in enumerate(kv["bindings"]):
-            shape = [1, m["kv_heads"], T, m["head_size"]]
-            if b["shape"] != shape:
-                out.append((f"/kv_cache/bindings/{k}/shape", f"KV binding {b['past']} is {b['shape']}; expected {shape} at tier {L}"))
-            if b["bytes"] != nbytes(kv["dtype"], b["shape"]) or b["bytes"] > kv["region_bytes"]:
-                out.append((f"/kv_cache/bindings/{k}/bytes", f"KV binding {b['past']} is {b['bytes']} bytes, which does not fit its shape or its {kv['region_bytes']}-byte region"))
-            if b["past"] in tensors and tensors[b["past"]]["shape"] != b["shape"]:
-                out.append((f"/tensors/{b['past']}/shape", f"{b['past']} is {tensors[b['past']]['shape']} but its KV binding is {b['shape']}"))
-            spans.append((b["offset"], b["offset"] + kv["region_bytes"], b["past"]))
-        spans.sort()
-        for (_s1, e1, n1), (s2, _, n2) in zip(spans, spans[1:]):
-            if e1 > s2:
-                out.append(("/kv_cache/bindings", f"KV regions of {n1} and {n2} overlap"))
-        if spans and spans[-1][1] > kv["total_bytes"]:
-            out.append(("/kv_cache/total_bytes", f"the KV regions end at {spans[-1][1]}, past total_bytes {kv['total_bytes']}"))
+        _plan_tensor_problems(out, plan, tensors, m, S, T, L)
+        _plan_arena_problems(out, plan, tensors)
+        _plan_kv_problems(out, plan, tensors, m, T, L)
     except (KeyError, TypeError, AttributeError) as err:
         out.append(("", f"the plan lacks or mistypes a field ({err!r}); it does not follow {PLAN_FORMAT} version {FORMAT_VERSION}"))
     return out
+
+
+def _plan_shape_problems(out: list, plan: dict, S, T, L, *, phase, tier, max_length) -> None:
+    """Phase, tier, sequence length, KV window and max_length against each other and the file name."""
+    if phase and plan["phase"] != phase:
+        out.append(("/phase", f"phase is {plan['phase']!r} but the file name says {phase!r}"))
+    if tier is not None and L != tier:
+        out.append(("/tier", f"tier is {L} but the file name says {tier}"))
+    if plan["phase"] == "prefill" and S != L:
+        out.append(("/sequence_length", f"a prefill plan of tier {L} runs {S} positions; expected {L}"))
+    if plan["phase"] == "token" and (S != 1 or T != L):
+        out.append(("/kv_window", f"a token plan of tier {L} must run 1 position over a {L}-position window; it says {S} over {T}"))
+    if T < S:
+        out.append(("/kv_window", f"the KV window {T} is shorter than the {S} positions of one call"))
+    ml = max_length if max_length is not None else plan.get("max_length")
+    if ml is not None and (T > ml or plan.get("max_length") != ml):
+        out.append(("/max_length", f"the plan is for max_length {plan.get('max_length')} with a {T}-position window; the package's max_length is {ml}"))
+
+
+def _plan_tensor_problems(out: list, plan: dict, tensors: dict, m: dict, S, T, L) -> None:
+    """Every tensor's bytes against its dtype and shape; the graph inputs and logits at this tier."""
+    for name, t in tensors.items():
+        if t["dtype"] not in DTYPE_SIZE:
+            out.append((f"/tensors/{name}", f"tensor {name} has unknown dtype {t['dtype']!r}"))
+        elif nbytes(t["dtype"], t["shape"]) != t["bytes"]:
+            out.append((f"/tensors/{name}/bytes", f"tensor {name} is {t['dtype']} {t['shape']} ({nbytes(t['dtype'], t['shape'])} bytes) but the plan gives {t['bytes']} bytes"))
+    io = plan["io"]
+    want = {"input_ids": [1, S], "attention_mask": [1, T], "logits": [1, 1, m["vocab_size"]]}
+    for key, shape in want.items():
+        name = io.get(key)
+        if name not in tensors:
+            out.append((f"/io/{key}", f"the plan has no tensor for {key} ({name!r})"))
+        elif tensors[name]["shape"] != shape:
+            out.append((f"/tensors/{name}/shape", f"{key} is {tensors[name]['shape']} at tier {L}; expected {shape}"))
+
+
+def _plan_arena_problems(out: list, plan: dict, tensors: dict) -> None:
+    """The arena: bounds, alignment, no two live buffers sharing bytes."""
+    arena = plan["arena"]
+    size, a = arena["size"], arena["alignment"]
+    steps = len(plan["schedule"])
+    events: dict[int, list] = {}
+    for k, b in enumerate(arena["buffers"]):
+        p = f"/arena/buffers/{k}"
+        if b["offset"] % a:
+            out.append((p + "/offset", f"buffer {b['name']} starts at {b['offset']}, not a multiple of {a}"))
+        if b["offset"] + b["size"] > size:
+            out.append((p + "/size", f"buffer {b['name']} ends at {b['offset'] + b['size']}, past the {size}-byte arena"))
+        if not 0 <= b["first_step"] <= b["last_step"] <= steps + 1:
+            out.append((p, f"buffer {b['name']} has lifetime [{b['first_step']}, {b['last_step']}] outside the {steps} steps"))
+        t = tensors.get(b["name"])
+        if t is not None and b["size"] < t["bytes"]:
+            out.append((p + "/size", f"buffer {b['name']} is {b['size']} bytes, smaller than its {t['bytes']}-byte tensor"))
+        for s in range(max(0, b["first_step"]), min(steps + 1, b["last_step"]) + 1):
+            events.setdefault(s, []).append(b)
+    reported = set()
+    for s, live in sorted(events.items()):
+        live = sorted(live, key=lambda b: b["offset"])
+        for x, y in zip(live, live[1:]):
+            if x["offset"] + x["size"] > y["offset"] and x["size"] and y["size"] and (x["name"], y["name"]) not in reported:
+                reported.add((x["name"], y["name"]))
+                out.append(("/arena/buffers", f"buffers {x['name']} and {y['name']} are live together at step {s} but overlap (bytes {y['offset']}..{x['offset'] + x['size']})"))
+
+
+def _plan_kv_problems(out: list, plan: dict, tensors: dict, m: dict, T, L) -> None:
+    """The KV cache binding: region size, window, one binding per layer and direction, disjoint regions."""
+    kv = plan["kv_cache"]
+    region = kv["max_length"] * m["kv_heads"] * m["head_size"] * DTYPE_SIZE[kv["dtype"]]
+    if kv["region_bytes"] != region:
+        out.append(("/kv_cache/region_bytes", f"region_bytes is {kv['region_bytes']}; {kv['max_length']} positions × {m['kv_heads']} heads × {m['head_size']} need {region}"))
+    if kv["window"] != T:
+        out.append(("/kv_cache/window", f"the KV binding's window is {kv['window']} but the plan's kv_window is {T}"))
+    if len(kv["bindings"]) != 2 * m["layers"]:
+        out.append(("/kv_cache/bindings", f"{len(kv['bindings'])} KV bindings for {m['layers']} layers; expected {2 * m['layers']}"))
+    spans = []
+    for k, b in enumerate(kv["bindings"]):
+        shape = [1, m["kv_heads"], T, m["head_size"]]
+        if b["shape"] != shape:
+            out.append((f"/kv_cache/bindings/{k}/shape", f"KV binding {b['past']} is {b['shape']}; expected {shape} at tier {L}"))
+        if b["bytes"] != nbytes(kv["dtype"], b["shape"]) or b["bytes"] > kv["region_bytes"]:
+            out.append((f"/kv_cache/bindings/{k}/bytes", f"KV binding {b['past']} is {b['bytes']} bytes, which does not fit its shape or its {kv['region_bytes']}-byte region"))
+        if b["past"] in tensors and tensors[b["past"]]["shape"] != b["shape"]:
+            out.append((f"/tensors/{b['past']}/shape", f"{b['past']} is {tensors[b['past']]['shape']} but its KV binding is {b['shape']}"))
+        spans.append((b["offset"], b["offset"] + kv["region_bytes"], b["past"]))
+    spans.sort()
+    for (_s1, e1, n1), (s2, _, n2) in zip(spans, spans[1:]):
+        if e1 > s2:
+            out.append(("/kv_cache/bindings", f"KV regions of {n1} and {n2} overlap"))
+    if spans and spans[-1][1] > kv["total_bytes"]:
+        out.append(("/kv_cache/total_bytes", f"the KV regions end at {spans[-1][1]}, past total_bytes {kv['total_bytes']}"))
 
 
 # ----------------------------------------------------------------------------- cache descriptors

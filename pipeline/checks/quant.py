@@ -43,6 +43,13 @@ def quant_scheme(ctx):
     if not isinstance(weight, dict):
         yield bad("/global_quant_config/weight", "global_quant_config.weight is missing; expected a uint4 per-group weight spec")
         return
+    yield from _weight(ctx, rules, weight, bad)
+    yield from _activations_and_export(q, bad)
+    yield from _lm_head(ctx, q, bad)
+
+
+def _weight(ctx, rules, weight, bad):
+    """The global weight spec: dtype, per-group scheme, the profile's group size, symmetry."""
     wp = "/global_quant_config/weight"
     want = expected_weight_dtype(rules)
     if weight.get("dtype") != want:
@@ -57,6 +64,10 @@ def quant_scheme(ctx):
         yield bad(f"{wp}/group_size", f"weight group_size is {gs}, not the usual {rules['group_size']} (accepted by profile {ctx.profile['id']})", "expected when the model's widths are not multiples of 128", "warning")
     if weight.get("symmetric") is not rules["symmetric"]:
         yield bad(f"{wp}/symmetric", f"weight symmetric is {weight.get('symmetric')!r}; expected {str(rules['symmetric']).lower()} ({'a' if not rules['symmetric'] else ''}symmetric, with zero points)")
+
+
+def _activations_and_export(q, bad):
+    """Activations unquantized, the export's pack method and weight format, no KV cache quantization."""
     for tensors in ("input_tensors", "output_tensors"):
         if (q.get("global_quant_config") or {}).get(tensors):
             yield bad(f"/global_quant_config/{tensors}", f"global_quant_config.{tensors} is set; expected null (activations stay unquantized and run as BFP16 on the NPU)")
@@ -67,7 +78,6 @@ def quant_scheme(ctx):
         yield bad("/export/weight_format", f"export.weight_format is {export.get('weight_format')!r}; expected 'real_quantized'")
     if q.get("kv_cache_quant_config"):
         yield bad("/kv_cache_quant_config", "kv_cache_quant_config is not empty; expected {} (the NPU runtime keeps the KV cache unquantized)")
-    yield from _lm_head(ctx, q, bad)
 
 
 def _lm_head(ctx, q, bad):

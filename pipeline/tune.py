@@ -79,24 +79,8 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
         raise Refused(f"{GENAI} has no search.max_length to tune from", "pass --max-length")
     _check_token_tiers(ctx, ml, profile == "auto")
     prefill = compiled_tiers(ctx, "prefill")
-    if chunk_size is not None:
-        if prefill and chunk_size not in prefill:
-            raise Refused(f"--chunk-size {chunk_size} is not a prefill tier the package is compiled for ({', '.join(map(str, prefill))})", "choose one of those tiers")
-        if not L["chunked"]:
-            raise Refused(f"--chunk-size {chunk_size} needs chunked prefill, but option hybrid_opt_chunk_context is {opts.get('hybrid_opt_chunk_context', 'missing')!r} in {GENAI}", "set hybrid_opt_chunk_context to \"1\" first (a RyzenAI option)")
-    if cs and cs > ml:
-        raise Refused(f"chunk size {cs} is above max_length {ml}", "use a chunk size at most --max-length")
-    limit = ctx.settings.prompt_limit(ctx.profile, version[0])
-    if limit is None:
-        raise UsageError(f"--sdk-version {version[0]}: neither rai_config.json nor profile {ctx.profile['id']} gives a max_prompt_length for it", f"choose one of: {', '.join(sorted({**ctx.profile.get('max_prompt_length', {}), **L['max_prompt']}))}")
-    prompt = max_prompt or min(limit[0], ml)
-    if prompt > limit[0]:
-        raise Refused(f"--max-prompt {prompt} is above the {limit[0]} tokens Ryzen AI {version[0]} allows ({limit[1]})", "lower --max-prompt, or name a newer release with --sdk-version")
-    if prompt > ml:
-        raise Refused(f"max prompt {prompt} is above max_length {ml}: such a prompt leaves no room for an answer", "raise --max-length or lower --max-prompt")
-    over = {v: n for v, n in L["max_prompt"].items() if n > ml}
-    if over:
-        raise Refused(f"--max-length {ml} is below rai_config.json's max_prompt_length {max(over.values())} (Ryzen AI {', '.join(sorted(over))}), which this command does not change", f"use --max-length {max(over.values())} or more")
+    _check_chunk_size(L, opts, chunk_size, cs, ml, prefill)
+    prompt = _prompt_length(ctx, L, version, max_prompt, ml)
     new = copy.deepcopy(doc)
     search = new.setdefault("search", {})
     changes = []
@@ -120,12 +104,45 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
     p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version, ctx.profile["id"], reason)
     after = _prevalidate(ctx, new, version[0])
     if profile == "auto":
-        found = profiles.detect(after)
-        now = found.profile["id"] if found else "oga-export"
-        if now != p.profile:
-            p.reason = f"detected before the edit: {reason}"
-            p.notes.append(f"note: with these settings `--profile auto` takes this package for profile {now}, no longer {p.profile}; pass --profile {p.profile} to later tune and validate runs (to undo this change, too)")
+        _note_profile_change(p, after, reason)
     return p
+
+
+def _check_chunk_size(L: dict, opts: dict, chunk_size: int | None, cs: int | None, ml: int, prefill: list[int]) -> None:
+    """--chunk-size is a compiled prefill tier of a package with chunked prefill; the chunk fits max_length."""
+    if chunk_size is not None:
+        if prefill and chunk_size not in prefill:
+            raise Refused(f"--chunk-size {chunk_size} is not a prefill tier the package is compiled for ({', '.join(map(str, prefill))})", "choose one of those tiers")
+        if not L["chunked"]:
+            raise Refused(f"--chunk-size {chunk_size} needs chunked prefill, but option hybrid_opt_chunk_context is {opts.get('hybrid_opt_chunk_context', 'missing')!r} in {GENAI}", "set hybrid_opt_chunk_context to \"1\" first (a RyzenAI option)")
+    if cs and cs > ml:
+        raise Refused(f"chunk size {cs} is above max_length {ml}", "use a chunk size at most --max-length")
+
+
+def _prompt_length(ctx, L: dict, version: tuple[str, str], max_prompt: int | None, ml: int) -> int:
+    """The prompt length to plan for: --max-prompt, or the release's limit capped at max_length; refused
+    when it exceeds either, or when rai_config.json's max_prompt_length exceeds max_length."""
+    limit = ctx.settings.prompt_limit(ctx.profile, version[0])
+    if limit is None:
+        raise UsageError(f"--sdk-version {version[0]}: neither rai_config.json nor profile {ctx.profile['id']} gives a max_prompt_length for it", f"choose one of: {', '.join(sorted({**ctx.profile.get('max_prompt_length', {}), **L['max_prompt']}))}")
+    prompt = max_prompt or min(limit[0], ml)
+    if prompt > limit[0]:
+        raise Refused(f"--max-prompt {prompt} is above the {limit[0]} tokens Ryzen AI {version[0]} allows ({limit[1]})", "lower --max-prompt, or name a newer release with --sdk-version")
+    if prompt > ml:
+        raise Refused(f"max prompt {prompt} is above max_length {ml}: such a prompt leaves no room for an answer", "raise --max-length or lower --max-prompt")
+    over = {v: n for v, n in L["max_prompt"].items() if n > ml}
+    if over:
+        raise Refused(f"--max-length {ml} is below rai_config.json's max_prompt_length {max(over.values())} (Ryzen AI {', '.join(sorted(over))}), which this command does not change", f"use --max-length {max(over.values())} or more")
+    return prompt
+
+
+def _note_profile_change(p: Plan, after, reason: str) -> None:
+    """With `--profile auto`, a note when the edited package would be detected as another profile."""
+    found = profiles.detect(after)
+    now = found.profile["id"] if found else "oga-export"
+    if now != p.profile:
+        p.reason = f"detected before the edit: {reason}"
+        p.notes.append(f"note: with these settings `--profile auto` takes this package for profile {now}, no longer {p.profile}; pass --profile {p.profile} to later tune and validate runs (to undo this change, too)")
 
 
 def _load(ctx) -> tuple[dict, str]:

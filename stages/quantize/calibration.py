@@ -38,6 +38,16 @@ def read_texts(path: Path) -> list[str]:
         raise RaipackError(
             f"{path}: unsupported calibration file type '{path.suffix}'; expected .txt or .jsonl", HINT
         )
+    text = _read_utf8(path)
+    if not text.strip():
+        raise RaipackError(f"{path}: calibration file is empty", HINT)
+    if path.suffix == ".txt":
+        return _txt_docs(text)
+    return _jsonl_docs(path, text)
+
+
+def _read_utf8(path: Path) -> str:
+    """The file's text; a missing, unreadable or non-UTF-8 file is a RaipackError naming the place."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -50,21 +60,25 @@ def read_texts(path: Path) -> list[str]:
         raise RaipackError(
             f"{path}:{_line_of(data, exc.start)}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})", HINT
         ) from None
-    if not text.strip():
-        raise RaipackError(f"{path}: calibration file is empty", HINT)
+    return text
 
-    if path.suffix == ".txt":
-        docs, current = [], []
-        for line in text.splitlines():
-            if line.strip():
-                current.append(line.rstrip())
-            elif current:
-                docs.append("\n".join(current))
-                current = []
-        if current:
+
+def _txt_docs(text: str) -> list[str]:
+    """Paragraphs: runs of non-blank lines, right-stripped, separated by blank lines."""
+    docs, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line.rstrip())
+        elif current:
             docs.append("\n".join(current))
-        return docs
+            current = []
+    if current:
+        docs.append("\n".join(current))
+    return docs
 
+
+def _jsonl_docs(path: Path, text: str) -> list[str]:
+    """The non-empty "text" field of every non-blank JSON line; at least one."""
     docs = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

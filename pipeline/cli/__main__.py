@@ -1,0 +1,5 @@
+"""`python -m pipeline.cli` is `raipack`."""
+
+from pipeline.cli import main
+
+main()

@@ -26,10 +26,16 @@ def test_example_model_builds_validates_and_answers(tmp_path):
     pkg = out / NAME
     assert f"package   {pkg}" in proc.stdout
     assert "raipack validate" in proc.stdout and "raipack run" in proc.stdout
+    printed = (proc.stdout + proc.stderr).splitlines()  # what `make demo` shows in a log file
+    print(f"\nmake demo printed {len(printed)} lines")
+    assert len(printed) <= 40, "\n".join(printed)
+    assert not [line for line in printed if "[INFO]" in line or "Warning:" in line or ".staging-" in line], "\n".join(printed)
 
     check = subprocess.run([RAIPACK, "validate", "--format", "json", str(pkg)], capture_output=True, text=True)
     result = json.loads(check.stdout)["results"][0]
     assert check.returncode == 0 and result["profile"] == "reference-16K", check.stdout[-3000:]
+    advice = [f for f in result["findings"] if f["severity"] == "advice"]
+    assert not advice, advice  # a package raipack builds passes raipack's own advice
 
     report = json.loads((pkg / "report.json").read_text())
     stages = {s["name"]: s["report"] for s in report["stages"]}

@@ -217,12 +217,17 @@ def m_json_text(rng, root, ctx):
     return f"{f.name}: {kind}"
 
 
+def _random_file(rng, root):
+    """A regular file of the folder (symlinks not followed), or None."""
+    files = _any_files(root)
+    return rng.choice(files) if files else None
+
+
 def m_file_bytes(rng, root, ctx):
     """A file is truncated, grown, or has bytes flipped in place (same size)."""
-    files = _any_files(root)
-    if not files:
+    f = _random_file(rng, root)
+    if f is None:
         return "no files"
-    f = rng.choice(files)
     size = f.stat().st_size
     kind = rng.choice(["truncate", "flip", "flip", "zero", "grow"])
     if kind == "truncate":
@@ -240,29 +245,26 @@ def m_file_bytes(rng, root, ctx):
 
 
 def m_delete(rng, root, ctx):
-    files = _any_files(root)
-    if not files:
+    f = _random_file(rng, root)
+    if f is None:
         return "no files"
-    f = rng.choice(files)
     f.unlink()
     return f"{f.relative_to(root)} deleted"
 
 
 def m_lfs_pointer(rng, root, ctx):
-    files = _any_files(root)
-    if not files:
+    f = _random_file(rng, root)
+    if f is None:
         return "no files"
-    f = rng.choice(files)
     f.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize {rng.randrange(1, 1 << 40)}\n")
     return f"{f.relative_to(root)} -> LFS pointer"
 
 
 def m_special(rng, root, ctx):
     """A file becomes a symlink out of the package, to a device, a loop, a FIFO or a folder."""
-    files = _any_files(root)
-    if not files:
+    f = _random_file(rng, root)
+    if f is None:
         return "no files"
-    f = rng.choice(files)
     f.unlink()
     kind = rng.choice(["outside", "etc", "zero", "loop", "fifo", "dir", "dangling"])
     if kind == "outside":

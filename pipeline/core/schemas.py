@@ -5,6 +5,17 @@ data package `raipack_schemas`. `errors(name, doc)` turns jsonschema's errors
 into (JSON pointer, one sentence) pairs such as
 `/search/max_length is "4096" (a string); expected an integer of at least 1`.
 A schema may give a keyword's expectation in plain words with `x-expected`.
+
+Two validators read the same schema files. The compiled one (jsonschema-rs,
+each schema compiled once per process, on first use) gives every verdict;
+jsonschema runs only when it rejects a document, to word the errors, and has
+the last word: where the compiled validator is stricter (Python's `$` also
+matches before a final newline; it refuses an int or str subclass) the
+verdict stays jsonschema's. Documents are JSON as json and tomllib read them
+(jsonschema-rs would take a tuple as an array; no reader makes one). Without
+jsonschema-rs (a platform it has no wheel for) jsonschema does both, slower.
+Neither ever fetches a schema: a `$ref` may only name one of raipack's own
+schemas, and `format` is an annotation on both, never an assertion.
 """
 
 from __future__ import annotations
@@ -14,11 +25,18 @@ import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
+from pipeline.core.errors import RaipackError, UsageError
 
-from pipeline.core.errors import UsageError
+try:
+    import jsonschema_rs
+except ImportError:  # no wheel for this platform: jsonschema alone gives the verdicts
+    jsonschema_rs = None
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+    from referencing import Registry
 
 PACKAGE = "raipack_schemas"
 SUFFIX = ".schema.json"
@@ -63,6 +81,8 @@ def _documents() -> dict[str, dict]:
 
 @lru_cache(maxsize=None)
 def _registry() -> Registry:
+    from referencing import Registry, Resource
+
     return Registry().with_resources(
         (doc["$id"], Resource.from_contents(doc)) for doc in _documents().values()
     )
@@ -90,9 +110,66 @@ def _base_of() -> dict[int, str]:
 @lru_cache(maxsize=None)
 def validator(name: str) -> Draft202012Validator:
     """A cached draft 2020-12 validator whose $refs resolve offline among our schemas."""
+    from jsonschema import Draft202012Validator
+
     if name not in names():
         _text(name)  # raises the UsageError
     return Draft202012Validator(_documents()[name], registry=_registry())
+
+
+# ---------------------------------------------------------------- the compiled path
+
+
+@lru_cache(maxsize=None)
+def fast_validator(name: str):
+    """The compiled (jsonschema-rs) validator of schema `name`, once per process; None without jsonschema-rs."""
+    if name not in names():
+        _text(name)  # raises the UsageError
+    return None if jsonschema_rs is None else compile_schema(_documents()[name])
+
+
+def compile_schema(schema: dict):
+    """A jsonschema-rs draft 2020-12 validator of `schema` that treats `format` as an annotation (as
+    jsonschema does without a format checker) and resolves a `$ref` only to raipack's own schemas."""
+    refused: list[str] = []
+
+    def retrieve(uri: str):
+        doc = _by_id().get(uri)
+        if doc is None:
+            refused.append(uri)
+            raise LookupError(f"{uri} is not one of raipack's schemas")
+        return doc
+
+    try:
+        return jsonschema_rs.Draft202012Validator(schema, validate_formats=False, retriever=retrieve)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as exc:
+        if not refused:
+            raise
+        where = schema.get("$id", "a schema") if isinstance(schema, dict) else "a schema"
+        raise RaipackError(
+            f"{where} refers to {refused[0]}, which is not one of raipack's schemas; raipack never fetches a schema",
+            "a $ref may only name a schema of raipack's schemas/ folder, such as https://raipack.dev/schemas/genai_config.schema.json",
+        ) from exc
+
+
+@lru_cache(maxsize=None)
+def _by_id() -> dict[str, dict]:
+    return {doc["$id"]: doc for doc in _documents().values()}
+
+
+def _fast_says_valid(name: str, instance) -> bool:
+    """The compiled validator accepts `instance` (False without it, or for a value it cannot take)."""
+    fast = fast_validator(name)
+    try:
+        return fast is not None and fast.is_valid(instance)
+    except ValueError:  # a Python value it does not convert (an int subclass, a set): jsonschema decides
+        return False
+
+
+def is_valid(name: str, instance) -> bool:
+    """Whether `instance` follows schema `name`. The compiled validator accepts; jsonschema has the last
+    word on what it rejects (it also takes dict and int subclasses, which jsonschema-rs refuses)."""
+    return _fast_says_valid(name, instance) or validator(name).is_valid(instance)
 
 
 # ---------------------------------------------------------------- messages
@@ -357,7 +434,11 @@ def _explain_branches(err, pointer, label):
 
 
 def errors(name: str, instance) -> list[tuple[str, str]]:
-    """(JSON pointer, sentence) for every way `instance` breaks schema `name`, sorted by pointer."""
+    """(JSON pointer, sentence) for every way `instance` breaks schema `name`, sorted by pointer.
+
+    The compiled validator decides; jsonschema words the errors of an invalid document only."""
+    if _fast_says_valid(name, instance):
+        return []
     found = set()
     for err in validator(name).iter_errors(instance):
         found.update(_explain(err))

@@ -38,11 +38,26 @@ def profiles_md() -> str:
         b = p["buckets"]
         tiers = f"{len(b['prefill'])} / {len(b['token'])}" if b["prefill"] or b["token"] else "-"
         out.append(f"| `{p['id']}` | {p['title']} | {names} | {req} | {opts} | {search} | {tiers} |")
-    out.append("")
+    out += ["", *metastate_table(), ""]
     for p in all_profiles().values():
         if p.get("notes"):
             out += [f"- **{p['id']}**: {p['notes']}"]
     return "\n".join(out) + "\n"
+
+
+def metastate_table() -> list[str]:
+    """The dd_metastate sets each profile expects (`metastate` in the profile; RP601, RP602)."""
+    out = ["dd_metastate sets (RP601): the files every set must have, the groups the release's layout ships together (a set holding part of a group is an incomplete copy, a warning), the files a set may have.", "",
+           "| id | sets required | every set has | shipped together | may have | one set per tier |", "|---|---|---|---|---|---|"]
+    for p in all_profiles().values():
+        m = p["metastate"]
+        if m["required"] or m["siblings"]:
+            out.append(f"| `{p['id']}` | {'yes' if m['required'] else 'no'} | {_exts(m['siblings'])} | {'; '.join(_exts(g) for g in m.get('ship_together', [])) or '-'} | {_exts(m['optional_siblings'])} | {'yes' if m['tiered'] else 'no'} |")
+    return out
+
+
+def _exts(names: list[str]) -> str:
+    return ", ".join(f"`.{x}`" for x in names) or "-"
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 
 from pipeline.checks.base import check
 from pipeline.npu.layout import PREFIX, is_inside, metastate_sets, tiers_present
@@ -13,9 +13,14 @@ from pipeline.npu.settings import expected_tiers
 def metastate_complete(ctx):
     """Every dd_metastate set has its `.state` file and the siblings the
     profile requires (e.g. `.fconst`, `.super`, `.ctrlpkt` for 1.6); no
-    sibling is orphaned (a `.fconst` without its `.state`); a sibling present
-    in most sets but missing from one is reported; a profile that needs
-    metastate finds at least one set."""
+    sibling is orphaned (a `.fconst` without its `.state`); a profile that
+    needs metastate finds at least one set. A set that lacks a file the
+    release's layout ships together with the ones it has (`.state`, `.super`
+    and `.ctrlpkt` present, `.fconst` missing: the profile's
+    `metastate.ship_together`), or a file that every other set (or most sets)
+    of the package has, is an incomplete copy: a warning naming the set and
+    the missing file, an error where the profile requires that file. A Git
+    LFS pointer counts as present (RP102 reports it)."""
     spec = ctx.profile["metastate"]
     sets = metastate_sets(ctx.pkg)
     if spec["required"] and not sets:
@@ -23,10 +28,7 @@ def metastate_complete(ctx):
         return
     required = set(spec["siblings"])
     known = required | set(spec.get("optional_siblings", []))
-    seen = defaultdict(int)
-    for exts in sets.values():
-        for ext in exts:
-            seen[ext] += 1
+    seen = Counter(ext for exts in sets.values() for ext in exts if ext in known or not known)
     for stem, exts in sorted(sets.items()):
         if "state" not in exts and "state" in known:
             for _ext, rel in sorted(exts.items()):
@@ -34,12 +36,36 @@ def metastate_complete(ctx):
             continue
         for ext in sorted(required - set(exts)):
             yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} (profile {ctx.profile['id']} requires .{ext})", "copy all dd_metastate_* files of the package")
-        for ext in sorted(set(seen) - set(exts) - required):
-            if seen[ext] * 2 > len(sets):
-                yield ctx.finding(f"{stem}.{ext}", f"is missing while {seen[ext]} of {len(sets)} metastate sets have a .{ext} file", "copy all dd_metastate_* files of the package", severity="warning")
+        yield from _usual_siblings(ctx, stem, exts, required, seen, len(sets))
         for ext in sorted(set(exts) - known):
             if known:
                 yield ctx.finding(exts[ext], f"has an extension .{ext} that profile {ctx.profile['id']} does not know", "remove stray files from the package", severity="warning")
+
+
+def _usual_siblings(ctx, stem: str, exts: dict, required: set, seen: Counter, total: int):
+    """Warnings for the files a set lacks that its release ships with the ones it has, or that
+    every other set (or most sets) of the package has; required files are RP601's errors already."""
+    reported = set(required)
+    for group in ctx.profile["metastate"].get("ship_together", []):
+        have = [e for e in group if e in exts]
+        for ext in group:
+            if have and ext not in exts and ext not in reported:
+                reported.add(ext)
+                yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem}, which has {_listed(sorted(exts))}: profile {ctx.profile['id']}'s layout ships {_listed(group)} together", _copy_again(stem, ext), severity="warning")
+    for ext in sorted(set(seen) - set(exts) - reported):
+        if total > 1 and seen[ext] == total - 1:
+            yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} while the other {seen[ext]} sets of the package all have a .{ext} file", _copy_again(stem, ext), severity="warning")
+        elif seen[ext] * 2 > total:
+            yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} while {seen[ext]} of {total} sets of the package have a .{ext} file", _copy_again(stem, ext), severity="warning")
+
+
+def _copy_again(stem: str, ext: str) -> str:
+    return f"the package was copied incompletely: copy {stem}.{ext} again from the original package"
+
+
+def _listed(exts: list[str]) -> str:
+    names = [f".{e}" for e in exts]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 @check("RP602", "bucket-tiers")

@@ -203,7 +203,7 @@ def test_message_for_a_bad_key():
 def test_message_for_an_unknown_field_of_a_strict_object():
     found = dict(schemas.errors("profile", {"metastate": {"required": True, "siblings": [], "optional_siblings": [], "tiered": False, "sibling": []}}))
     assert found["/metastate/sibling"] == (
-        "/metastate/sibling is not a known field; /metastate may only have required, siblings, optional_siblings, tiered"
+        "/metastate/sibling is not a known field; /metastate may only have required, siblings, optional_siblings, tiered, ship_together"
     )
 
 

@@ -45,6 +45,7 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
     cfg = read_json(cfg_path)
     if not isinstance(cfg, dict):
         raise UsageError(f"{cfg_path} is not a JSON object", "fix or replace config.json")
+    check_architecture(cfg_path, cfg)  # before any weight is looked at: an unsupported model is refused from its config alone
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLES)
@@ -54,10 +55,6 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
     for weights_file in weights:
         check_safetensors(weights_file)
     _check_weights_index(path, {w.name for w in weights})
-    archs = cfg.get("architectures")
-    supported = load_data("architectures.json")["supported"]
-    if not isinstance(archs, list) or not archs or archs[0] not in supported:
-        raise UsageError(f"{cfg_path}: architectures is {_short(archs)}; raipack builds {', '.join(supported)}", "use a model of a supported architecture (see README, supported models)")
     tok_cfg_path = path / "tokenizer_config.json"
     tok_cfg = read_json(tok_cfg_path, object_only=True) if os.path.lexists(tok_cfg_path) else {}
     if not trust_remote_code:
@@ -81,6 +78,38 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
     if not tok_cfg.get("auto_map"):  # a tokenizer of its own code is never loaded here (the stages do not trust it either)
         check_tokenizer_loads(path, template)
     return path
+
+
+def check_architecture(cfg_path: Path, cfg: dict) -> None:
+    """Refuse (UsageError, one sentence) a model raipack does not build, from config.json alone:
+    the architecture's name, and why when pipeline/data/architectures.json knows (mixture of
+    experts, multimodal, its own Python code), by name or by a config key that gives the kind away.
+    --trust-remote-code does not change this: only natively supported architectures are built."""
+    data = load_data("architectures.json")
+    supported, kinds = data["supported"], data["kinds"]
+    archs = cfg.get("architectures")
+    name = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if name in supported:
+        return
+    kind = data["refused"].get(name) or next((k for k in kinds if _clue(cfg, kinds[k])), None)
+    why = f", {kinds[kind]['why']}{_clue(cfg, kinds[kind])}" if kind else ""
+    note = kinds[kind].get("note", "") if kind else ""
+    raise UsageError(f"{cfg_path}: architectures is {_short(archs)}{why}, which raipack does not build{note}; it builds {', '.join(supported)}",
+                     "use a dense, text-only model of a supported architecture (see README, supported models)")
+
+
+def _clue(cfg: dict, spec: dict) -> str:
+    """The first config.json key (top level or text_config) that marks the kind, as " (key is value)"; empty if none."""
+    docs = [cfg] + ([cfg["text_config"]] if isinstance(cfg.get("text_config"), dict) else [])
+    for doc in docs:
+        for key in spec["config_keys"]:
+            value = doc.get(key)
+            if _is_int(value) or isinstance(value, float):
+                if value > 1:  # an expert count; 0 or 1 expert is a dense model
+                    return f" ({key} is {_short(value, 40)})"
+            elif value:
+                return f" ({key} in config.json)"
+    return ""
 
 
 def read_text(path: Path, what: str = "JSON file") -> str:

@@ -96,13 +96,13 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     names, from_ = plan(until, from_)
     pkg_name = package_name(recipe, profile)
     out_root = Path(recipe.output)
-    _check_output_location(out_root)
     outputs: dict[str, Path] = {}
     reports: dict[str, dict] = {}
     results: list[StageResult] = []
     model_stage, package_stage = stages.of_kind(stages.MODEL_KIND), stages.of_kind(stages.PACKAGE_KIND)
-    if recipe.model is not None:
+    if recipe.model is not None:  # before the output folder is made: a refused model leaves nothing behind
         outputs[model_stage] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+    _check_output_location(out_root)
     for name in names:  # what a later stage would refuse, refused before the first one spends minutes
         st = stages.get(name)
         if st.preflight is not None:

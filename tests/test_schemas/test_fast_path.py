@@ -25,6 +25,7 @@ from pipeline.core.package import role_of
 HERE = Path(__file__).parent
 PROFILES = HERE.parent.parent / "pipeline" / "profiles"
 MUTATIONS_PER_DOC = 40
+MUTATIONS_PER_PROFILE = 15  # 19 resolved profiles, much alike
 UNKNOWN_KEY = "x_not_in_any_schema"
 
 pytestmark = pytest.mark.skipif(schemas.jsonschema_rs is None, reason="jsonschema-rs is not installed: nothing to compare")
@@ -117,7 +118,7 @@ def _at(doc, path):
     return doc
 
 
-def mutations(doc, seed: str) -> list[tuple[str, object]]:
+def mutations(doc, seed: str, most: int = MUTATIONS_PER_DOC) -> list[tuple[str, object]]:
     """Deterministic edits of `doc`: a key dropped, a value of another type, an unknown key added."""
     edits = []
     for path, node in _nodes(doc):
@@ -127,7 +128,7 @@ def mutations(doc, seed: str) -> list[tuple[str, object]]:
         else:
             edits += [("retype", path, i) for i in range(len(node))]
     rng = random.Random(seed)
-    chosen = sorted(rng.sample(range(len(edits)), min(MUTATIONS_PER_DOC, len(edits))))
+    chosen = sorted(rng.sample(range(len(edits)), min(most, len(edits))))
     out = []
     for kind, path, key in (edits[i] for i in chosen):
         new = copy.deepcopy(doc)
@@ -170,12 +171,12 @@ def test_package_files_get_the_same_verdict(pid):
 
 def test_mutations_get_the_same_verdict():
     """Valid examples, resolved profiles and a real plan, each edited a few dozen ways."""
-    valid = [(n, label, doc) for n, label, doc in examples() if label.startswith("valid/")]
-    profiles = [d for d in shipped_profiles() if d[1].startswith("resolved/")]
+    valid = [(n, label, doc, MUTATIONS_PER_DOC) for n, label, doc in examples() if label.startswith("valid/")]
+    profiles = [(*d, MUTATIONS_PER_PROFILE) for d in shipped_profiles() if d[1].startswith("resolved/")]
     plan = next(d for d in package_documents("reference-16K") if d[0] == "metastate_plan")
     differ, counts = [], {True: 0, False: 0}
-    for name, label, doc in valid + profiles + [plan]:
-        for edit, new in mutations(doc, label):
+    for name, label, doc, most in valid + profiles + [(*plan, MUTATIONS_PER_DOC)]:
+        for edit, new in mutations(doc, label, most):
             fast, slow = verdicts(name, new)
             counts[slow] += 1
             if fast != slow:

@@ -140,11 +140,10 @@ def test_runtime_matches_onnxruntime_genai_at_length(runtime, oga_runs, n):
     assert [tier for _, tier, _ in prefill_calls(runtime)] == [min(t for t in runtime.prefill_tiers if t >= n)]
     assert len(runtime.calls) == NEW and runtime.filled == n + NEW - 1
     largest = runtime.prefill_tiers[-1]
-    if n == 4090:  # both ran positions past the largest prefill tier: the runtime's last token windows hold them
+    if n == 4090:  # both ran positions past the largest prefill tier (the last new token is only emitted)
         assert runtime.filled > largest and len(want["sequence"]) - 1 > largest
-        assert max(window for _, _, window in runtime.calls) > largest
         # the tolerance sees the far context: the first of 4090 ids changed moves the last row by far more
-        moved = runtime.prefill([ids[0] + 1] + ids[1:])
+        moved = runtime.prefill([3 + (ids[0] - 2) % (runtime.vocab_size - 3)] + ids[1:])  # the next id, within 3..vocab-1
         assert float(np.abs(moved - want["rows"][0]).max()) > 10 * ATOL
 
 

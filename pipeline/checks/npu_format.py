@@ -182,7 +182,7 @@ def fused_graph(ctx):
     model = _graph_model(ctx)
     if doc is None or model is None:
         return
-    from onnx import helper
+    from pipeline.core import onnxproto as helper  # onnx's messages without onnx's import
 
     grel = ctx.graph_rel
     fmt = _formats()
@@ -277,20 +277,21 @@ def _sha_file(path: str, size: int, mtime: float) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
-_PLAN_ERRORS: dict[str, list] = {}
+_SCHEMA_ERRORS: dict[tuple[str, str], list] = {}
 
 
-def _plan_schema_errors(plan_sha: str, plan: dict) -> list:
-    """The schema errors of a plan, remembered by its sha256: a 16K package holds ~90 plans of ~25 ms
-    of schema validation each, and a process that validates copies of a package sees each plan again."""
-    errs = _PLAN_ERRORS.get(plan_sha)
+def _schema_errors(name: str, sha: str, doc: dict) -> list:
+    """The schema errors of a plan or schedule, remembered by its sha256: a process that validates
+    copies of a package sees each file again."""
+    key = (name, sha)
+    errs = _SCHEMA_ERRORS.get(key)
     if errs is None:
         from pipeline.core import schemas
 
-        errs = schemas.errors("metastate_plan", plan)
-        if len(_PLAN_ERRORS) >= 1024:
-            _PLAN_ERRORS.clear()
-        _PLAN_ERRORS[plan_sha] = errs
+        errs = schemas.errors(name, doc)
+        if len(_SCHEMA_ERRORS) >= 1024:
+            _SCHEMA_ERRORS.clear()
+        _SCHEMA_ERRORS[key] = errs
     return errs
 
 
@@ -325,48 +326,104 @@ def _state_findings(ctx, srel, plan_rel, plan_sha, header, graph, phase, tier):
 @check("RP905", "metastate-plans")
 def metastate_plans(ctx):
     """In a raipack package, every `dd_metastate_*` set's `.plan` follows
-    schemas/metastate_plan.schema.json and is internally consistent (phase,
-    tier and sequence length match the file name; every tensor's bytes match
-    its dtype and shape at that tier; buffers live at the same step never
-    overlap and stay inside the arena; the KV bindings are [1, kv_heads,
-    window, head_size] in disjoint regions of max_length positions); its
-    `.state` records the sha256 of that plan, of `model.pb.bin` and of the
-    graph."""
+    schemas/metastate_plan.schema.json (format version 2; a plan of an older
+    version is reported once: rebuild the package) and names its phase's
+    shared schedule, `cache/<node>_<phase>.schedule.json`, with that file's
+    sha256; the schedule follows schemas/metastate_schedule.schema.json and
+    is consistent (shapes of integers, S or T; buffer lifetimes within its
+    steps). Each plan is consistent with it (phase, tier and sequence length
+    match the file name; the graph inputs, logits and every buffer's bytes
+    fit the tier's shapes; buffers live at the same step never overlap and
+    stay inside the arena; the KV bindings are [1, kv_heads, window,
+    head_size] in disjoint regions of max_length positions); its `.state`
+    records the sha256 of that plan, of `model.pb.bin` and of the graph."""
     rel, doc = _header(ctx)
     if doc is None:
         return
-    fmt = _formats()
     header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
     grel = ctx.graph_rel
     graph_sha = _graph_sha(ctx, grel)
     m = doc.get("model") or {}
     model = {k: m[k] for k in ("layers", "kv_heads", "head_size", "vocab_size", "num_heads", "hidden_size") if k in m}
     max_length = (doc.get("tiers") or {}).get("max_length")
+    schedules: dict = {}
+    old = []
     for stem, exts in sorted(metastate_sets(ctx.pkg).items()):
         mt = TIERED.match(stem.rsplit("/", 1)[-1])
-        if not mt or "plan" not in exts:
+        if not mt or "plan" not in exts or ctx.pkg.files[exts["plan"]].lfs:
             continue
-        phase, tier = mt["phase"].lower(), int(mt["tier"])
-        plan_rel = exts["plan"]
-        fe = ctx.pkg.files[plan_rel]
-        if fe.lfs:
-            continue
+        phase, tier, plan_rel = mt["phase"].lower(), int(mt["tier"]), exts["plan"]
         raw = ctx.pkg.path(plan_rel).read_bytes()
+        plan_sha = hashlib.sha256(raw).hexdigest()
+        if "state" in exts and not ctx.pkg.files[exts["state"]].lfs:
+            yield from _state_findings(ctx, exts["state"], plan_rel, plan_sha, (rel, header_sha), (grel, graph_sha), phase, tier)
         try:
             plan = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
             yield ctx.finding(plan_rel, f"is not valid JSON ({err})", "rebuild the package")
             continue
-        plan_sha = hashlib.sha256(raw).hexdigest()
-        errs = _plan_schema_errors(plan_sha, plan)
+        if (why := _plans().version_problem(plan)) is not None:
+            old.append((plan_rel, why))
+            continue
+        errs = _schema_errors("metastate_plan", plan_sha, plan)
         for pointer, message in errs[:10]:
             yield ctx.finding(plan_rel, message, "rebuild the package; plans are written by raipack fuse", pointer)
         if errs:
             continue
-        for pointer, message in fmt.plan_problems(plan, phase=phase, tier=tier, model=model, max_length=max_length):
+        node = mt["node"]
+        if (phase, node) not in schedules:
+            schedules[(phase, node)] = sched = _schedule(ctx, phase, node)
+            if isinstance(sched, list):
+                yield from sched
+        sched = schedules[(phase, node)]
+        if isinstance(sched, list):
+            continue  # the schedule's own findings say why its plans cannot be checked
+        yield from _plan_findings(ctx, plan_rel, plan, sched, phase, tier, model, max_length)
+    if old:
+        plan_rel, why = old[0]
+        more = f" (and {len(old) - 1} more plans)" if len(old) > 1 else ""
+        yield ctx.finding(plan_rel, f"{why}{more}", _plans().VERSION_HINT, "/format_version")
+
+
+def _plans():
+    from pipeline.npu import plans
+
+    return plans
+
+
+def _schedule(ctx, phase: str, node: str):
+    """(file name, sha256, prepared schedule) of a phase's shared schedule, or the findings that
+    say why it cannot be used."""
+    plans = _plans()
+    srel = plans.schedule_rel(node, phase)
+    fe = ctx.pkg.files.get(srel)
+    if fe is None:
+        return [ctx.finding(srel, f"is missing: the {phase} plans of node {node} share its schedule", "copy the whole cache folder, or rebuild the package")]
+    if fe.lfs:
+        return []
+    raw = ctx.pkg.path(srel).read_bytes()
+    sha = hashlib.sha256(raw).hexdigest()
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        return [ctx.finding(srel, f"is not valid JSON ({err})", "rebuild the package")]
+    errs = _schema_errors("metastate_schedule", sha, doc) or plans.schedule_problems(doc, phase=phase, node=node)
+    if errs:
+        return [ctx.finding(srel, message, "rebuild the package; schedules are written by raipack fuse", pointer) for pointer, message in errs[:10]]
+    return srel, sha, plans.Schedule(doc)
+
+
+def _plan_findings(ctx, plan_rel, plan, sched, phase, tier, model, max_length):
+    """One plan against its schedule file (name and sha256) and the schedule's contents."""
+    srel, sha, prepared = sched
+    ref = plan["schedule"]
+    if ref["file"] != srel:
+        yield ctx.finding(plan_rel, f"names the schedule {ref['file']!r}; expected {srel!r}", "rebuild the package", "/schedule/file")
+    elif ref["sha256"] != sha:
+        yield ctx.finding(plan_rel, f"records another sha256 for {srel} (the schedule was edited, swapped or comes from another build)", "rebuild the package", "/schedule/sha256")
+    else:
+        for pointer, message in _plans().plan_problems(plan, prepared, phase=phase, tier=tier, model=model, max_length=max_length):
             yield ctx.finding(plan_rel, message, "rebuild the package", pointer)
-        if "state" in exts and not ctx.pkg.files[exts["state"]].lfs:
-            yield from _state_findings(ctx, exts["state"], plan_rel, plan_sha, (rel, header_sha), (grel, graph_sha), phase, tier)
 
 
 @check("RP906", "tier-options")

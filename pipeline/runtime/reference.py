@@ -5,7 +5,9 @@
   and handed to onnxruntime as external initializers, so onnxruntime never reads `model.bin` itself.
   `model.onnx` must reference exactly the offsets the header lists.
 - Plans: every tier's `dd_metastate_*.plan` is loaded, its `.state` must name the plan's, the
-  header's and the graph's sha256, and the plan must be internally consistent.
+  header's and the graph's sha256, the plan must name its phase's shared schedule
+  (`cache/<node>_<phase>.schedule.json`) with that file's sha256, and be consistent with it.
+  A plan of an older format version is refused with one sentence: rebuild the package.
 - KV cache: one static buffer of `search.max_length` positions per layer for keys and values, shared
   between past and present (onnxruntime's GroupQueryAttention with past_present_share_buffer). A call
   binds the window of the smallest token tier that holds its last position, as that tier's plan
@@ -27,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.npu import formats
+from pipeline.npu import formats, plans
 from pipeline.npu.constraints import placed_as_header_says, stored_in
 from pipeline.npu.formats import FormatError
 from pipeline.npu.genai import ryzenai_options
@@ -141,7 +143,14 @@ class ReferenceRuntime:
         header_sha = formats.sha256_hex(header_path.read_bytes())
         graph_sha = formats.sha256_hex(graph_bytes)
         model_dims = {k: self.dims[k] for k in ("layers", "kv_heads", "head_size", "vocab_size")}
-        return {(phase, tier): self._load_plan(phase, tier, header_sha, graph_sha, model_dims)
+        schedules: dict = {}
+
+        def schedule(phase):  # read when the first plan of the phase is known to be of this format version
+            if phase not in schedules:
+                schedules[phase] = self._load_schedule(phase)
+            return schedules[phase]
+
+        return {(phase, tier): self._load_plan(phase, tier, header_sha, graph_sha, model_dims, schedule)
                 for phase, tier_list in (("prefill", self.prefill_tiers), ("token", self.token_tiers)) for tier in tier_list}
 
     def _start_session(self, graph_path: Path, names: list, values: list, threads: int | None) -> None:
@@ -202,7 +211,22 @@ class ReferenceRuntime:
                 raise PackageError(f"{self.pkg / rel} is {size} bytes, but tensor {t.name!r} of {graph_path.name} lies at bytes {offset}..{offset + (length or 0)}: the file is truncated or from another build",
                                    "rebuild the package, or copy it again")
 
-    def _load_plan(self, phase: str, tier: int, header_sha: str, graph_sha: str, model_dims: dict) -> dict:
+    def _load_schedule(self, phase: str) -> tuple[str, str, plans.Schedule]:
+        """(file name, sha256, prepared schedule) of the schedule every plan of `phase` shares."""
+        rel = plans.schedule_rel(self.node, phase)
+        if rel not in self.files.scan.files:
+            raise PackageError(f"{rel} is missing: the {phase} plans share its schedule, so the package cannot run", "copy the whole cache folder, or rebuild the package")
+        data = self.files.read(rel, "the plan format", JSON_MAX_BYTES, "metastate schedule")
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as err:
+            raise PackageError(f"{rel} is not valid JSON ({err})", "rebuild the package") from None
+        problems = plans.schedule_problems(doc, phase=phase, node=self.node) if isinstance(doc, dict) else [("", "the document is not a JSON object")]
+        if problems:
+            raise PackageError(f"{rel} is inconsistent: {problems[0][1]}", "rebuild the package")
+        return rel, formats.sha256_hex(data), plans.Schedule(doc)
+
+    def _load_plan(self, phase: str, tier: int, header_sha: str, graph_sha: str, model_dims: dict, schedule) -> dict:
         stem = formats.metastate_stem(phase, self.node, tier)
         plan_path, state_path = self.pkg / f"{stem}.plan", self.pkg / f"{stem}.state"
         for p in (plan_path, state_path):
@@ -221,9 +245,16 @@ class ReferenceRuntime:
             plan = json.loads(plan_bytes)
         except (ValueError, RecursionError) as err:
             raise PackageError(f"{plan_path.name} is not valid JSON ({err})", "rebuild the package") from None
-        problems = formats.plan_problems(plan, phase=phase, tier=tier, model=model_dims, max_length=self.max_length)
+        if (why := plans.version_problem(plan)) is not None:
+            raise PackageError(f"{plan_path.name} {why}", plans.VERSION_HINT)
+        rel, sha, sched = schedule(phase)
+        ref = plan.get("schedule") if isinstance(plan, dict) else None
+        if not isinstance(ref, dict) or ref.get("file") != rel or ref.get("sha256") != sha:
+            raise PackageError(f"{plan_path.name} does not name {rel} with its sha256 (the schedule was edited, swapped or comes from another build)", "rebuild the package")
+        problems = plans.plan_problems(plan, sched, phase=phase, tier=tier, model=model_dims, max_length=self.max_length)
         if problems:
             raise PackageError(f"{plan_path.name} is inconsistent: {problems[0][1]}", "rebuild the package")
+        plan["kv_cache"]["bindings"] = plans.kv_bindings(plan, sched)
         return plan
 
     # ------------------------------------------------------------------ the KV window

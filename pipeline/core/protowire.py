@@ -37,6 +37,15 @@ def _children(descriptor) -> dict:
     return table
 
 
+def fits(size: int, max_fields: int, max_messages: dict[str, int] | None = None) -> bool:
+    """True when `size` bytes of wire format cannot hold more than `max_fields` fields or more
+    than any limit of `max_messages` messages, so `count` could not pass a limit: every field owns
+    at least two bytes (its tag and at least one byte of value or length), and every message but
+    the root is a field of its parent. (Groups break this rule; `count` stops at them as malformed
+    without a limit passed, so they are refused by neither.)"""
+    return size // 2 <= min([max_fields, *(max_messages or {}).values()])
+
+
 def count(raw: bytes, descriptor, max_fields: int, max_messages: dict[str, int] | None = None) -> Counts:
     """Fields and messages of `raw`, a serialized `descriptor` message; stops
     (setting `over`) once `max_fields` fields or a message type's limit in

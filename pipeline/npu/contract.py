@@ -6,7 +6,7 @@ stage's output checks (stages/export/contract.py).
 Every check returns a list of `Finding`s (severity error, path model.onnx): `pointer` names the
 tensor, node or input at fault, `message` says in one sentence what was found and what was expected,
 `hint` the next step. An empty list means the check passed. The graph checks take an
-`onnx.ModelProto` loaded with `load_external_data=False` and never read weights; `external_data_refs`
+`ModelProto` loaded with `load_external_data=False` and never read weights; `external_data_refs`
 only calls `os.stat`, and walks subgraphs and local functions as well as the main graph.
 
 The Quark `quantization_config` readers and the Hugging Face module ↔ builder node names they
@@ -21,10 +21,8 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-import onnx
-from onnx import TensorProto
-
 from pipeline.core.findings import Finding
+from pipeline.core.onnxproto import ModelProto, TensorProto, get_attribute_value, tensor_nbytes
 from pipeline.npu.quark_config import is_excluded, layer_weight_spec, node_to_hf
 
 GRAPH = "model.onnx"  # the path of a contract finding; checks place it in their package
@@ -54,7 +52,7 @@ _INT_TYPES = {TensorProto.INT64, TensorProto.INT32}
 _KV_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.UINT8, TensorProto.INT8}
 
 
-def io_contract(model: onnx.ModelProto, genai: dict) -> list[Finding]:
+def io_contract(model: ModelProto, genai: dict) -> list[Finding]:
     """The graph's inputs and outputs against `model.decoder` of genai_config.json.
 
     Checks names (every configured name exists; no graph input the runtime would not feed), one
@@ -98,7 +96,7 @@ class _Dims(NamedTuple):
 class _GraphIO:
     """The graph's inputs and outputs by name, and the names genai_config.json declares."""
 
-    def __init__(self, model: onnx.ModelProto, cfg_in: dict, cfg_out: dict):
+    def __init__(self, model: ModelProto, cfg_in: dict, cfg_out: dict):
         self.cfg_in, self.cfg_out = cfg_in, cfg_out
         self.g_in = {v.name: _vinfo(v) for v in model.graph.input}
         self.g_out = {v.name: _vinfo(v) for v in model.graph.output}
@@ -227,7 +225,7 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
     for node in model.graph.node:
         if node.op_type not in ("GroupQueryAttention", "MultiHeadAttention", "PagedAttention"):
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {a.name: get_attribute_value(a) for a in node.attribute}
         kv = attrs.get("kv_num_heads", attrs.get("num_heads"))
         if kv is not None and int(kv) != kv_heads:
             out.append(_f("export.io", node.name,
@@ -241,7 +239,7 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
         # Head size: the projection feeding the query input packs (q + 2 kv) heads when K/V inputs are empty.
         src = producers.get(node.input[0]) if node.input else None
         if src is not None and src.op_type == "MatMulNBits" and nh is not None and kv is not None:
-            n = {a.name: onnx.helper.get_attribute_value(a) for a in src.attribute}.get("N")
+            n = {a.name: get_attribute_value(a) for a in src.attribute}.get("N")
             packed = len(node.input) < 3 or (not node.input[1] and not node.input[2])
             heads = int(nh) + 2 * int(kv) if packed else int(nh)
             if n and int(n) != heads * head_size:
@@ -255,7 +253,7 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
 # --- MatMulNBits against Quark -------------------------------------------------------------------
 
 
-def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rules: dict | None = None) -> list[Finding]:
+def matmulnbits_agreement(model: ModelProto, quant_config: dict | None, rules: dict | None = None) -> list[Finding]:
     """Each MatMulNBits must carry Quark's bits, group size and zero points; no layer Quark excluded
     (and no embedding, which Quark never quantizes) may be quantized; no layer Quark quantized may
     have become a float MatMul. Without a Quark config (AMD packages ship config.json = {}), only
@@ -265,7 +263,7 @@ def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rul
     out: list[Finding] = []
     inits = {t.name for t in model.graph.initializer}
     for node in model.graph.node:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {a.name: get_attribute_value(a) for a in node.attribute}
         layers = node_to_hf(node.name)
         if node.op_type == "MatMulNBits":
             excluded = [layer for layer in layers if is_excluded(quant_config, layer)]
@@ -313,22 +311,7 @@ def matmulnbits_agreement(model: onnx.ModelProto, quant_config: dict | None, rul
 
 # --- external data -------------------------------------------------------------------------------
 
-_NIBBLE = {getattr(TensorProto, n) for n in ("UINT4", "INT4", "FLOAT4E2M1") if hasattr(TensorProto, n)}
-
-
-def _nbytes(t: TensorProto) -> int | None:
-    count = 1
-    for d in t.dims:
-        count *= d
-    if t.data_type in _NIBBLE:
-        return (count + 1) // 2
-    try:
-        return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except Exception:
-        return None
-
-
-def _external_tensors(model: onnx.ModelProto):
+def _external_tensors(model: ModelProto):
     """(tensor, where) for every tensor the model holds: initializers, sparse
     initializers and node attribute tensors of the main graph, of every subgraph
     (`If`/`Loop`/`Scan` attributes, at any depth) and of the local functions.
@@ -348,7 +331,7 @@ def _external_tensors(model: onnx.ModelProto):
                 todo.extend((g.node, g, inner) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))
 
 
-def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[Finding]:
+def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[Finding]:
     """Every external-data tensor (subgraphs included) points inside `root`
     (default: `base_dir`, the graph's folder) at a byte range of a regular file
     that exists (stat only)."""
@@ -356,6 +339,7 @@ def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str |
     graph_dir = Path(base_dir).resolve()
     base = Path(root).resolve() if root is not None else graph_dir
     sizes: dict[str, int | str] = {}
+    resolved: dict[str, Path] = {}  # one resolve (a stat per path component) per location, not per tensor
     for t, where in _external_tensors(model):
         if t.data_location != TensorProto.EXTERNAL:
             continue
@@ -372,7 +356,9 @@ def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str |
                           f"{name} points at '{loc}', outside the model folder; expected a relative path inside it",
                           "re-save the model with its external data beside model.onnx"))
             continue
-        path = (graph_dir / Path(*p.parts)).resolve()
+        if loc not in resolved:
+            resolved[loc] = (graph_dir / Path(*p.parts)).resolve()
+        path = resolved[loc]
         if base != path and base not in path.parents:
             out.append(_f("export.external_data", t.name,
                           f"{name} points at '{loc}', which resolves outside the model folder",
@@ -392,7 +378,7 @@ def external_data_refs(model: onnx.ModelProto, base_dir: str | Path, root: str |
             out.append(_f("export.external_data", t.name, f"{name} has a non-integer offset/length {info}",
                           "re-export"))
             continue
-        expected = _nbytes(t)
+        expected = tensor_nbytes(t)
         if length is None:
             length = expected if expected is not None else size - offset
         if offset < 0 or length < 0 or offset + length > size:
@@ -415,13 +401,13 @@ def _data_file_size(path: Path) -> int | str:
     return st.st_size if stat.S_ISREG(st.st_mode) else "is not a regular file (device, socket or pipe)"
 
 
-def _against_profile(model: onnx.ModelProto, rules: dict) -> list[Finding]:
+def _against_profile(model: ModelProto, rules: dict) -> list[Finding]:
     out: list[Finding] = []
     allowed = rules.get("allowed_group_sizes") or ([rules["group_size"]] if rules.get("group_size") else [])
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or node.name.startswith("/lm_head/"):
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {a.name: get_attribute_value(a) for a in node.attribute}
         if rules.get("bits") and attrs.get("bits") != rules["bits"]:
             out.append(_f("graph.quant", node.name, f"'{node.name}' has bits={attrs.get('bits')}; the profile expects {rules['bits']}", "use a package built for this release"))
         if allowed and attrs.get("block_size") not in allowed:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.core import protowire
+from pipeline.core import onnxproto, protowire
 from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
 
 WEIGHTS_HINT = "keep the weights in external data (model.onnx.data, the model builder's default), or check that the right file was placed here"
@@ -26,16 +26,16 @@ def load_graph(pkg, rel: str | None):
         return None
     if fe.size > GRAPH_MAX_BYTES:
         return GraphRefused(f"is {fe.size} bytes, too large to be a graph with external weights (at most {GRAPH_MAX_BYTES} bytes are read)", WEIGHTS_HINT)
-    import onnx
-
     try:
         raw = pkg.read_bytes(rel, GRAPH_MAX_BYTES, "graph with external weights")
-        counts = protowire.count(raw, onnx.ModelProto.DESCRIPTOR, GRAPH_MAX_FIELDS, {"onnx.NodeProto": GRAPH_MAX_NODES})
+        limits = {"onnx.NodeProto": GRAPH_MAX_NODES}
+        fits = protowire.fits(len(raw), GRAPH_MAX_FIELDS, limits)  # a small graph cannot pass the caps: no need to count
+        counts = protowire.Counts() if fits else protowire.count(raw, onnxproto.ModelProto.DESCRIPTOR, GRAPH_MAX_FIELDS, limits)
         if counts.over == "fields":
             return GraphRefused(f"holds more than {GRAPH_MAX_FIELDS} protobuf fields, too many to be a graph with external weights; it was not parsed", WEIGHTS_HINT)
         if counts.over:
             return GraphRefused(f"has more than {GRAPH_MAX_NODES} nodes (subgraphs and functions included), far more than a decoder has; it was not parsed", "check that the right file was placed here")
-        return onnx.load_model_from_string(raw)
+        return onnxproto.load_model(raw)
     except ReadError as exc:
         return GraphRefused(str(exc), exc.hint)
     except MemoryError:

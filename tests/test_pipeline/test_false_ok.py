@@ -22,6 +22,7 @@ from onnx import TensorProto, helper
 
 from helpers import edit_json, ryzen
 from pipeline.cli import main
+from pipeline.core import onnxproto
 from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_NODES, JsonError, Package
 
 P16 = "1.8.0-npu-16K"
@@ -222,7 +223,7 @@ def test_memory_error_while_parsing_is_a_finding(make_pkg, capsys, monkeypatch):
         raise MemoryError()
 
     monkeypatch.setattr(onnx, "load", out_of_memory)
-    monkeypatch.setattr(onnx, "load_model_from_string", out_of_memory)
+    monkeypatch.setattr(onnxproto, "load_model", out_of_memory)  # the graph reader's parse
     pkg = make_pkg(P16)
     code, findings, _ = validate(capsys, pkg)
     (hit,) = errors(findings, "RP701")

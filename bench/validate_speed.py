@@ -1,12 +1,16 @@
-"""Validate speed on an 8B-shaped package (issue 2): whole-process time, bytes
-read from weights files, peak memory, and --verify-hashes throughput against
-`openssl dgst -sha256`, all measured side by side in one run."""
+"""Validate speed (issues 2 and 13), side by side in one run: whole-process `raipack validate` of the
+example package (the `make demo` output), of an 8B 16K package built by raipack's fuse code at
+Llama-3.1-8B's real dimensions (bench/big_package.py) and of an 8B-shaped package in AMD's layout,
+each against `python -c "import onnx, jsonschema"` run in turn with it; the bytes each validation
+reads, counted by the kernel (/proc/self/io); peak memory; and --verify-hashes throughput against
+`openssl dgst -sha256`."""
 
 from __future__ import annotations
 
-import builtins
-import io
+import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -14,61 +18,120 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+for p in (str(ROOT), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
 sys.path.append(str(ROOT / "tests"))
 
 from factory import LLAMA_8B, make_package  # noqa: E402
 
 PY = sys.executable
+RAIPACK = str(Path(PY).with_name("raipack"))
 GB = 1024**3
+RUNS = 7
+EXAMPLE = ROOT / "build" / "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
+TENSOR_ROLES = ("external_data", "npu_weights", "safetensors")  # files validate must never read whole
+HEAD_BYTES = 64 * 1024  # what it may read of each
+READS_PER_FILE = 2  # a config or plan may be read twice (parsed, and hashed against the manifest or its .state)
+
+# A child process: a warm-up validation of a small package loads the check modules and the
+# schemas, then the kernel's count of bytes read (/proc/self/io) is taken around validate(PKG).
+# rchar counts every read(2) whatever the path (open, os.open, Path.read_bytes, ...); read_bytes is
+# what came from the disk rather than the page cache. Pages of an mmap are not counted.
+READ_COUNTER = r"""
+import json, sys
+from pathlib import Path
+from pipeline.validate import validate
+
+def io():
+    return {k: int(v) for k, v in (line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())}
+
+validate(Path(sys.argv[2]))
+before = io()
+validate(Path(sys.argv[1]))
+after = io()
+print(json.dumps({k: after[k] - before[k] for k in ("rchar", "read_bytes", "syscr")}))
+"""
 
 
-def wall(cmd, repeat=5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
+def side_by_side(cmd_a: list[str], cmd_b: list[str], runs: int = RUNS) -> dict:
+    """Run A and B in turn (A B A B ..., one warm-up each); wall seconds of each, A/B pair by pair,
+    and A's peak RSS (the kernel's ru_maxrss of each finished child)."""
+    def one(cmd):
         t = time.perf_counter()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        best = min(best, time.perf_counter() - t)
-    return best
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return time.perf_counter() - t, usage.ru_maxrss / 1024, proc.returncode
+
+    one(cmd_a)
+    one(cmd_b)
+    a, b, rss, codes = [], [], [], set()
+    for _ in range(runs):
+        ta, ra, code = one(cmd_a)
+        tb, _, _ = one(cmd_b)
+        a.append(ta)
+        b.append(tb)
+        rss.append(ra)
+        codes.add(code)
+    ratios = [x / y for x, y in zip(a, b)]
+    return {"a": a, "b": b, "ratios": ratios, "rss": max(rss), "codes": sorted(codes)}
 
 
-def peak_rss_mib(cmd) -> float:
-    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL);"
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    out = subprocess.run([PY, "-c", code, *cmd], capture_output=True, text=True).stdout
-    return int(out.strip()) / 1024
+def spread(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):.2f} s (min {min(xs):.2f}, max {max(xs):.2f})"
 
 
-def weights_bytes_read(pkg: Path) -> dict[str, int]:
-    """Run validate in-process with open() counting bytes read from weights files."""
-    from pipeline.core.package import Package
-    from pipeline.validate import validate
+def bytes_read(pkg: Path, warmup: Path) -> dict:
+    out = subprocess.run([PY, "-c", READ_COUNTER, str(pkg), str(warmup)], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if out.returncode:
+        raise RuntimeError(f"counting the bytes validate reads of {pkg} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
-    weights = {str(pkg / f.rel) for f in Package.scan(pkg).files.values() if f.role in ("external_data", "npu_weights", "cache_const", "metastate")}
-    counts: dict[str, int] = {}
-    real_open = builtins.open
 
-    class Counting(io.BufferedReader):
-        pass
+def sizes(pkg: Path) -> dict:
+    """Apparent bytes of the package's tensor files and of its other files, and how many of each."""
+    from pipeline.core.package import role_of
 
-    def counting_open(file, mode="r", *a, **kw):
-        fh = real_open(file, mode, *a, **kw)
-        if str(file) in weights and "b" in mode:
-            raw_read = fh.read
+    out = {"tensor_bytes": 0, "tensor_files": 0, "other_bytes": 0, "other_files": 0}
+    for p in pkg.rglob("*"):
+        if p.is_file():
+            kind = "tensor" if role_of(p.relative_to(pkg).as_posix()) in TENSOR_ROLES else "other"
+            out[f"{kind}_bytes"] += p.stat().st_size
+            out[f"{kind}_files"] += 1
+    return out
 
-            def read(n=-1):
-                data = raw_read(n)
-                counts[str(file)] = counts.get(str(file), 0) + len(data)
-                return data
 
-            fh.read = read
-        return fh
+def example_package() -> Path:
+    """The `make demo` output; built (from the cache where it can) when it is missing."""
+    if not (EXAMPLE / "manifest.json").is_file():
+        proc = subprocess.run([RAIPACK, "build", "--quiet", "--output", str(EXAMPLE.parent)], cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"raipack build of the example package failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return EXAMPLE
 
-    builtins.open = counting_open
-    try:
-        validate(pkg)
-    finally:
-        builtins.open = real_open
-    return counts
+
+def validate_rows(label: str, pkg: Path, warmup: Path, note: str, ratio_goal: float | None = 3.0) -> list[dict]:
+    """Whole-process validate time against the imports, its peak RSS and the bytes it reads."""
+    m = side_by_side([RAIPACK, "validate", str(pkg)], [PY, "-c", "import onnx, jsonschema"])
+    t, ratio = statistics.median(m["a"]), statistics.median(m["ratios"])
+    ok = t < 1.0 and (ratio_goal is None or ratio <= ratio_goal) and m["codes"] == [0]
+    goal = "< 1 s" + (f" and <= {ratio_goal:g}x" if ratio_goal else "") + " (medians), exit 0"
+    rows = [{"name": f"validate {label} (whole process)", "value": f"{t:.2f} s", "ratio": ratio,
+             "baseline": f"python -c 'import onnx, jsonschema' {spread(m['b'])}", "goal": goal, "ok": ok,
+             "note": f"{spread(m['a'])}, ratio min {min(m['ratios']):.2f} max {max(m['ratios']):.2f}, {RUNS} pairs, exit {m['codes']}; {note}"}]
+    rows.append({"name": f"validate {label}: peak RSS", "value": f"{m['rss']:.0f} MiB", "ratio": None, "baseline": "", "goal": "< 200 MiB",
+                 "ok": m["rss"] < 200, "note": "largest ru_maxrss of the timed runs"})
+    n, io = sizes(pkg), bytes_read(pkg, warmup)
+    allowed = READS_PER_FILE * n["other_bytes"] + HEAD_BYTES * n["tensor_files"]
+    rows.append({"name": f"validate {label}: bytes read (kernel count)", "value": f"{io['rchar'] / 1e6:.2f} MB", "ratio": io["rchar"] / max(1, n["other_bytes"]),
+                 "baseline": f"its non-tensor files {n['other_bytes'] / 1e6:.2f} MB (package {(n['tensor_bytes'] + n['other_bytes']) / 1e9:.2f} GB)",
+                 "goal": f"<= {READS_PER_FILE}x non-tensor files + 64 KiB per tensor file ({allowed / 1e6:.2f} MB)", "ok": io["rchar"] <= allowed,
+                 "note": f"{n['tensor_files']} tensor files {n['tensor_bytes'] / 1e9:.2f} GB, {n['other_files']} other files; "
+                         f"from disk (not page cache) {io['read_bytes'] / 1e6:.2f} MB, {io['syscr']} read calls"})
+    return rows
 
 
 def openssl_rate(path: Path) -> float:
@@ -86,27 +149,31 @@ def ours_rate(paths: list[Path], jobs: int) -> float:
 
 
 def rows(tmp: Path) -> list[dict]:
-    pkg = make_package(tmp, "1.8.0-npu-16K", LLAMA_8B, sparse=True, npu_bytes=int(3.8 * GB), data_bytes=int(1.3 * GB), name="Llama-3.1-8B_rai_1.8.0_npu_16K")
-    n_bucket = len(list(pkg.glob("dd_metastate_*")))
-    raipack = [str(Path(PY).with_name("raipack")), "validate", str(pkg)]
-    t_validate = wall(raipack)
-    t_imports = wall([PY, "-c", "import onnx, jsonschema"])
-    read = weights_bytes_read(pkg)
-    rss = peak_rss_mib(raipack)
-    out = [
-        {"name": "validate 8B-shaped package (whole process)", "value": f"{t_validate:.2f} s", "ratio": t_validate / t_imports, "baseline": f"python -c 'import onnx, jsonschema' {t_imports:.2f} s", "goal": "< 1 s wall", "ok": t_validate < 1.0,
-         "note": f"{sum(1 for _ in pkg.rglob('*'))} files, {n_bucket} metastate files, model.bin {3.8:.1f} GB sparse"},
-        {"name": "bytes read from any weights file", "value": f"{max(read.values(), default=0)} B", "ratio": None, "baseline": "", "goal": "<= 64 KiB", "ok": max(read.values(), default=0) <= 64 * 1024, "note": ""},
-        {"name": "validate peak RSS", "value": f"{rss:.0f} MiB", "ratio": None, "baseline": "", "goal": "< 200 MiB", "ok": rss < 200, "note": ""},
-    ]
-    big = tmp / "big.bin"
-    with open(big, "wb") as fh:
+    import big_package
+
+    amd = make_package(tmp, "1.8.0-npu-16K", LLAMA_8B, sparse=True, npu_bytes=int(3.8 * GB), data_bytes=int(1.3 * GB), name="Llama-3.1-8B_rai_1.8.0_npu_16K")
+    warmup = make_package(tmp / "warmup", "1.8.0-npu-16K")
+    example = example_package()
+    out = validate_rows("example package", example, warmup, f"{example.name}, {sum(1 for p in example.rglob('*') if p.is_file())} files")
+    t = time.perf_counter()
+    big, report = big_package.build(tmp / "big")
+    try:
+        built = time.perf_counter() - t
+        note = (f"{sum(1 for p in big.rglob('*') if p.is_file())} files, {len(report['lengths']['prefill'])} prefill + {len(report['lengths']['token'])} token tiers, "
+                f"built by fuse in {built:.0f} s ({report['bytes_written'] / 1e9:.1f} GB written)")
+        out += validate_rows("8B 16K raipack package", big, warmup, note)
+    finally:
+        shutil.rmtree(tmp / "big", ignore_errors=True)
+    n_bucket = len(list(amd.glob("dd_metastate_*")))
+    out += validate_rows("8B-shaped AMD-layout package", amd, warmup, f"{n_bucket} metastate files, model.bin 3.8 GB sparse", ratio_goal=None)
+    blob = tmp / "blob.bin"
+    with open(blob, "wb") as fh:
         block = os.urandom(64 * 1024 * 1024)
         for _ in range(16):
             fh.write(block)
-    openssl_rate(big)  # warm the page cache
-    ssl = max(openssl_rate(big) for _ in range(3))
-    ours = max(ours_rate([big], 1) for _ in range(3))
+    openssl_rate(blob)  # warm the page cache
+    ssl = max(openssl_rate(blob) for _ in range(3))
+    ours = max(ours_rate([blob], 1) for _ in range(3))
     out.append({"name": "--verify-hashes, one 1 GiB file", "value": f"{ours / 1e9:.2f} GB/s", "ratio": ours / ssl, "baseline": f"openssl dgst -sha256 {ssl / 1e9:.2f} GB/s", "goal": ">= 0.9x", "ok": ours / ssl >= 0.9, "note": ""})
     many = []
     for i in range(8):

@@ -3,7 +3,8 @@
 Every entry must be a regular file or folder inside the model folder (pipeline/build/model_files.py
 says which symlinks are followed and why); Git LFS pointers are refused. Every JSON file is
 read with a size cap, refusing special files (FIFO, device) and JSON that is nested too
-deeply or holds non-finite numbers; config.json's sizes and the tokenizer's and generation
+deeply or holds non-finite numbers; config.json's architecture comes first (a mixture-of-experts,
+multimodal or remote-code model is refused before any weight file is looked at); config.json's sizes and the tokenizer's and generation
 config's ids are checked against each other; each safetensors header is read and checked
 against its file; the chat template is parsed. Then what transformers will build from the
 folder, its config object and its tokenizer, is built once (pipeline/build/hf_checks.py). Each
@@ -100,15 +101,15 @@ def check_architecture(cfg_path: Path, cfg: dict) -> None:
 
 def _clue(cfg: dict, spec: dict) -> str:
     """The first config.json key (top level or text_config) that marks the kind, as " (key is value)"; empty if none."""
-    docs = [cfg] + ([cfg["text_config"]] if isinstance(cfg.get("text_config"), dict) else [])
-    for doc in docs:
+    docs = [("", cfg)] + ([("text_config.", cfg["text_config"])] if isinstance(cfg.get("text_config"), dict) else [])
+    for prefix, doc in docs:
         for key in spec["config_keys"]:
             value = doc.get(key)
             if _is_int(value) or isinstance(value, float):
                 if value > 1:  # an expert count; 0 or 1 expert is a dense model
-                    return f" ({key} is {_short(value, 40)})"
+                    return f" ({prefix}{key} is {_short(value, 40)})"
             elif value:
-                return f" ({key} in config.json)"
+                return f" ({prefix}{key} in config.json)"
     return ""
 
 

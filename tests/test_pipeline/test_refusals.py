@@ -29,6 +29,8 @@ CASES = {
     "llava": ("LlavaForConditionalGeneration", {"model_type": "llava", "vision_config": {}, "image_token_index": 32000}, "multimodal", "image_token_index is 32000"),
     "qwen2-vl": ("Qwen2VLForConditionalGeneration", {"model_type": "qwen2_vl", "vision_config": {"depth": 32}}, "multimodal", "vision_config in config.json"),
     "phi4-mm": ("Phi4MMForCausalLM", {"model_type": "phi4mm", "auto_map": {"AutoModelForCausalLM": "modeling_phi4mm.Phi4MMForCausalLM"}}, "multimodal", None),
+    "unknown-nested-moe": ("FutureForCausalLM", {"model_type": "future", "text_config": {"num_local_experts": 16}}, "mixture-of-experts",
+                           "text_config.num_local_experts is 16"),
     "unknown-mm": ("FutureForConditionalGeneration", {"model_type": "future", "audio_config": {"n_mels": 128}}, "multimodal", "audio_config in config.json"),
     "chatglm3": ("ChatGLMModel", {"model_type": "chatglm", "auto_map": GLM_AUTO_MAP}, "needs its own Python code", "auto_map in config.json"),
     "unknown-remote": ("FutureLMHeadModel", {"model_type": "future", "auto_map": GLM_AUTO_MAP}, "needs its own Python code", "auto_map in config.json"),

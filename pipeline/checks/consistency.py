@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import chain
+
 from pipeline.checks.base import check
 from pipeline.npu.dims import model_dims as _model_dims
 
@@ -62,10 +64,10 @@ def tokenizer_size(ctx) -> int | None:
     if not isinstance(tok, dict) or not isinstance(tok.get("model"), dict):
         return None
     vocab = tok["model"].get("vocab")
-    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab))) if isinstance(vocab, list) else set()
-    ids |= {t.get("id") for t in tok.get("added_tokens") or [] if isinstance(t, dict)}
-    ids = {i for i in ids if isinstance(i, int)}
-    return (max(ids) + 1) if ids else None
+    ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab)) if isinstance(vocab, list) else ()
+    added = [t.get("id") for t in tok.get("added_tokens") or [] if isinstance(t, dict)]
+    top = max((i for i in chain(ids, added) if isinstance(i, int)), default=None)  # no set: a list as an id is skipped, not a crash
+    return None if top is None else top + 1
 
 
 @check("RP503", "special-token-ids")

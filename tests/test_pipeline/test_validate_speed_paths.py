@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from factory import reference_package
+from helpers import edit_json
 from pipeline.core import onnxproto, protowire
 from pipeline.npu.contract import external_data_refs
 from pipeline.validate import validate
@@ -202,3 +203,16 @@ def test_external_data_stats_each_file_once(tmp_path, monkeypatch):
 
     few, many = syscalls(2), syscalls(40)
     assert many == few, (few, many)
+
+
+@pytest.mark.parametrize("bad_id", [[1], {"id": 1}, "7"])
+def test_tokenizer_size_skips_ids_that_are_not_integers(make_pkg, bad_id):
+    """RP502 takes the largest integer id without building sets of the vocabulary (49 000 ids for
+    SmolLM2, 128 000 for Llama 3); a list as an id made the set raise TypeError (a traceback)."""
+    pkg = make_pkg("1.8.0-npu-16K")
+    edit_json(pkg / "tokenizer.json", lambda d: d["model"]["vocab"].update({"odd": bad_id}))
+    result = validate(pkg, select=("RP502",))
+    assert result.checks_run == ["RP502"] and result.findings == []
+    edit_json(pkg / "tokenizer.json", lambda d: d["model"]["vocab"].update({"odd": 10**6}))
+    (hit,) = validate(pkg, select=("RP502",)).findings  # the largest id still counts
+    assert hit.path == "tokenizer.json" and "1000001 tokens" in hit.message

@@ -1,5 +1,6 @@
 """raipack's open binary formats for the reference package: `model.pb.bin` + `model.bin`, the
-`dd_metastate_*` plan/state pair, and the `cache/<node>.const` descriptors.
+`dd_metastate_*` `.state` files, and the `cache/<node>.const` descriptors (the `.plan` files and
+their shared schedules are pipeline/npu/plans.py).
 
 This module imports only the standard library at load time (numpy is imported inside the functions
 that need it), so `raipack validate` can read and check these files with the light base. Every

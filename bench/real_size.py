@@ -277,6 +277,28 @@ def machine() -> dict:
             "mem_available": mem["MemAvailable"], "nice": os.nice(0), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
+# --------------------------------------------------------------------------- the table
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / GIB:.2f} GiB" if n else "–"
+
+
+def table(result: dict) -> str:
+    """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size.json."""
+    lines = ["| quantization | stage | status | stage s | process s | peak RSS (VmHWM) | raipack's estimate | stage summary |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {r['stage_s'] if r['stage_s'] is not None else '–'} | {r['process_s']} | "
+                     f"{_gib(r['peak_rss'])} | {_gib(r['estimate'])} | {r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
+    lines += ["", "| quantization | validate (whole process) | `python -c \"import onnx, jsonschema\"` | ratio | exit | decode, reference runtime | onnxruntime-genai on the export | ratio | `raipack run` |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for algorithm, p in result["packages"].items():
+        v, d = p["validate"], p["decode"]
+        lines.append(f"| {algorithm} | {v['validate_s']:.2f} s ({v['files']} files, {v['bytes'] / GIB:.2f} GiB) | {v['imports_s']:.2f} s | {v['ratio']:.2f}x | {v['rc']} | "
+                     f"{d['reference_tps']:.1f} tok/s | {d['oga_tps']:.1f} tok/s | {d['ratio']:.2f}x | {d['run_s']} s, peak {_gib(d['run_peak_rss'])}: `{d['run_stats']}` |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -286,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algorithms", default="rtn,awq", help="comma-separated, in order (default rtn,awq)")
     ap.add_argument("--smoke-max-tier", type=int, help="[smoke] max_tier for the build (default: the stage's)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder)")
+    ap.add_argument("--table", type=Path, metavar="JSON", help="only print the Markdown tables of a result file (bench/out/real_size.json)")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="raipack-real-size-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -62,3 +62,14 @@ def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
     rows = real_size.build_stages(model, "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")}, tmp_path, None)
     assert len(rows) == 1 and rows[0]["rc"] == 2 and rows[0]["status"] == "failed"
     assert "safetensors" in rows[0]["error"]
+
+
+def test_table_shows_each_stage_and_the_package_rows():
+    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "stage_s": 61.5, "process_s": 80.2, "peak_rss": 3 << 30, "estimate": 5 << 29, "summary": "rtn uint4 g128", "rc": 0}
+    failed = {**row, "stage": "export", "status": "failed", "stage_s": None, "estimate": None, "summary": "", "rc": 1, "error": "log\nERROR: parity failed"}
+    pkg = {"validate": {"validate_s": 0.41, "imports_s": 0.2, "ratio": 2.05, "rc": 0, "files": 180, "bytes": 3 << 30},
+           "decode": {"reference_tps": 12.0, "oga_tps": 10.0, "ratio": 1.2, "run_s": 9.0, "run_peak_rss": 1 << 30, "run_stats": "[cpu-reference] 64 tokens"}}
+    text = real_size.table({"rows": [row, failed], "packages": {"rtn": pkg}})
+    assert "| rtn | quantize | built | 61.5 | 80.2 | 3.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
+    assert "| rtn | export | failed | – |" in text and "ERROR: parity failed" in text
+    assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -174,28 +175,47 @@ def header_problems(doc: dict, weights_size: int | None) -> list[tuple[str, str]
     return out
 
 
+def put_bytes(fd: int, data, at: int, source: tuple[int, int] | None = None) -> None:
+    """Writes `data` at byte `at` of the file `fd`. With `source`, (fd, offset) of the same bytes in
+    another file, the kernel copies them (os.copy_file_range: no page faults, no user-space copy, a
+    reflink where the file system can); where it cannot, the bytes go through `data`."""
+    mv, done = memoryview(data).cast("B"), 0
+    copy = getattr(os, "copy_file_range", None)
+    if source is not None and copy is not None:
+        try:
+            while done < mv.nbytes:
+                n = copy(source[0], fd, mv.nbytes - done, source[1] + done, at + done)
+                if n <= 0:
+                    break
+                done += n
+        except OSError:  # another file system, an old kernel: the plain path below
+            done = 0
+    while done < mv.nbytes:
+        done += os.pwrite(fd, mv[done:], at + done)
+
+
 class WeightsWriter:
-    """Writes model.bin: appends tensors at `alignment`-byte boundaries and hashes them on a thread
-    pool while the next one is written (hashlib and file writes both release the GIL)."""
+    """Writes model.bin: places tensors at `alignment`-byte boundaries (the gaps are holes, read as
+    zero bytes) and hashes them on a thread pool while the next one is written (hashlib and file
+    writes both release the GIL)."""
 
     def __init__(self, path: Path, alignment: int = ALIGNMENT, workers: int = 2):
         self.path = Path(path)
         self.alignment = alignment
-        self.fh = open(self.path, "wb")
+        self.fh = open(self.path, "wb", buffering=0)
         self.pos = 0
         self.entries: dict[str, dict] = {}
         self._futures = []
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers))
 
-    def add(self, name: str, data, dtype: str, shape) -> dict:
-        """`data` is a bytes-like object (a memoryview over the source file is never copied)."""
+    def add(self, name: str, data, dtype: str, shape, source: tuple[int, int] | None = None) -> dict:
+        """`data` is a bytes-like object (a memoryview over the source file is never copied);
+        `source` is (fd, offset) of the same bytes in a file, for put_bytes."""
         if name in self.entries:
             return self.entries[name]
         mv = memoryview(data).cast("B")
         start = align(self.pos, self.alignment)
-        if start != self.pos:
-            self.fh.write(b"\0" * (start - self.pos))
-        self.fh.write(mv)
+        put_bytes(self.fh.fileno(), mv, start, source)
         self.pos = start + mv.nbytes
         entry = {"name": name, "offset": start, "size": mv.nbytes, "dtype": dtype, "shape": [int(d) for d in shape], "sha256": ""}
         self.entries[name] = entry
@@ -203,10 +223,8 @@ class WeightsWriter:
         return entry
 
     def close(self) -> int:
-        end = align(self.pos, self.alignment) if self.pos else 0
-        if end != self.pos:
-            self.fh.write(b"\0" * (end - self.pos))
-            self.pos = end
+        self.pos = align(self.pos, self.alignment) if self.pos else 0
+        os.ftruncate(self.fh.fileno(), self.pos)
         self.fh.close()
         for entry, fut in self._futures:
             entry["sha256"] = fut.result()

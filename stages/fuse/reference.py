@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import shutil
 import time
 from contextlib import closing
@@ -62,7 +63,16 @@ class _Source:
     def __init__(self, folder: Path, model):
         self.folder = folder
         self.maps: dict[str, mmap.mmap] = {}
+        self.files: dict[str, object] = {}
         self.tensors = {t.name: t for t in model.graph.initializer}
+
+    def span(self, name: str) -> tuple[int, int] | None:
+        """(fd, offset) of an external initializer in its data file (call view() first), else None."""
+        t = self.tensors[name]
+        if t.data_location != 1:
+            return None
+        ext = {e.key: e.value for e in t.external_data}
+        return self.files[ext["location"]].fileno(), int(ext.get("offset", 0))
 
     def view(self, name: str) -> memoryview:
         t = self.tensors[name]
@@ -78,8 +88,8 @@ class _Source:
             path = (self.folder / loc).resolve()
             if self.folder.resolve() not in path.parents:
                 raise RaipackError(f"initializer {name} points at {loc}, outside the export folder", "re-run the export stage")
-            with open(path, "rb") as fh:
-                self.maps[loc] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self.files[loc] = fh = open(path, "rb")
+            self.maps[loc] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         off = int(ext.get("offset", 0))
         length = int(ext["length"]) if "length" in ext else formats.nbytes(formats.ONNX_DTYPE[t.data_type], t.dims)
         mm = self.maps[loc]
@@ -93,6 +103,8 @@ class _Source:
                 mm.close()
             except BufferError:
                 pass
+        for fh in self.files.values():
+            fh.close()
 
 
 def _external(t, location: str, offset: int, length: int, dims=None):
@@ -220,7 +232,7 @@ def _write_weights(run: _Run, src: _Source, stage: Path) -> dict:
                     row = len(view) // dims[0]
                     dims[0] = max_length
                     view = view[: row * dims[0]]
-                writer.add(name, view, formats.ONNX_DTYPE[t.data_type], dims)
+                writer.add(name, view, formats.ONNX_DTYPE[t.data_type], dims, source=src.span(name))
             run.report("model.bin", k + 1, len(fg.fused))
         run.written["model.bin"] = writer.close()
     except BaseException:
@@ -236,17 +248,17 @@ def _write_weights(run: _Run, src: _Source, stage: Path) -> dict:
 
 
 def _write_cpu_data(names, inits: dict, src: _Source, path: Path) -> int:
-    """The CPU-side tensors, aligned, into `path`; their initializers point there. Returns its size."""
+    """The CPU-side tensors, aligned (the gaps are holes, read as zero bytes), into `path`; their
+    initializers point there. Returns its size."""
     pos = 0
-    with open(path, "wb") as fh:
+    with open(path, "wb", buffering=0) as fh:
         for name in names:
             view = src.view(name)
-            a = ALIGNMENT if len(view) >= ALIGNMENT else 64
-            start = formats.align(pos, a)
-            fh.write(b"\0" * (start - pos))
-            fh.write(view)
+            start = formats.align(pos, ALIGNMENT if len(view) >= ALIGNMENT else 64)
+            formats.put_bytes(fh.fileno(), view, start, src.span(name))
             pos = start + len(view)
             _external(inits[name], "model.onnx.data", start, len(view))
+        os.ftruncate(fh.fileno(), pos)
     return pos
 
 

@@ -362,8 +362,8 @@ def metastate_plans(ctx):
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
             yield ctx.finding(plan_rel, f"is not valid JSON ({err})", "rebuild the package")
             continue
-        if (why := _plans().version_problem(plan)) is not None:
-            old.append((plan_rel, why))
+        if _plans().version_problem(plan) is not None:
+            old.append((plan_rel, plan))
             continue
         errs = _schema_errors("metastate_plan", plan_sha, plan)
         for pointer, message in errs[:10]:
@@ -380,9 +380,8 @@ def metastate_plans(ctx):
             continue  # the schedule's own findings say why its plans cannot be checked
         yield from _plan_findings(ctx, plan_rel, plan, sched, phase, tier, model, max_length)
     if old:
-        plan_rel, why = old[0]
-        more = f" (and {len(old) - 1} more plans)" if len(old) > 1 else ""
-        yield ctx.finding(plan_rel, f"{why}{more}", _plans().VERSION_HINT, "/format_version")
+        plan_rel, plan = old[0]
+        yield ctx.finding(plan_rel, _plans().version_problem(plan, len(old) - 1), _plans().VERSION_HINT, "/format_version")
 
 
 def _plans():

@@ -248,14 +248,16 @@ def kv_bindings(plan: dict, sched: Schedule) -> list[dict]:
 # ----------------------------------------------------------------------------- checking
 
 
-def version_problem(plan) -> str | None:
-    """The one sentence for a plan of another format version (None when it is version 2 or no plan at all)."""
+def version_problem(plan, more: int = 0) -> str | None:
+    """The one sentence for a plan of another format version (None when it is version 2 or no plan
+    at all); `more`: how many other plans of the package are the same."""
     if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT or plan.get("format_version") == PLAN_VERSION:
         return None
     v = plan.get("format_version")
+    also = f" (as are {more} more plans)" if more else ""
     if isinstance(v, int) and not isinstance(v, bool) and v < PLAN_VERSION:
-        return f"is a version {v} plan, written by an older raipack; this raipack reads version {PLAN_VERSION} plans (one shared schedule per phase), so the package must be rebuilt"
-    return f"has plan format_version {v!r}; this raipack reads version {PLAN_VERSION}"
+        return f"is a version {v} plan{also}, written by an older raipack; this raipack reads version {PLAN_VERSION} plans (one shared schedule per phase), so the package must be rebuilt"
+    return f"has plan format_version {v!r}{also}; this raipack reads version {PLAN_VERSION}"
 
 
 VERSION_HINT = "rebuild the package with `raipack build`"

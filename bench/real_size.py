@@ -178,8 +178,9 @@ def stage_report(out_root: Path, stage: str) -> dict:
     return {}
 
 
-def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, smoke_max_tier: int | None) -> list[dict]:
-    """Each stage in a process of its own (`--until STAGE`; the earlier ones are cache hits)."""
+def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, smoke_max_tier: int | None, on_row=None) -> list[dict]:
+    """Each stage in a process of its own (`--until STAGE`; the earlier ones are cache hits);
+    `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows)."""
     from pipeline.build import stages
 
     recipe = tmp / f"recipe-{algorithm}.toml"
@@ -202,6 +203,8 @@ def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Pa
                "summary": report.get("summary", ""), "rc": run["rc"]}
         rows.append(row)
         print(_stage_line(row), flush=True)
+        if on_row is not None:
+            on_row(row)
         if run["rc"] != 0:
             tail = "\n".join((run["stdout"] + run["stderr"]).strip().splitlines()[-8:])
             print(f"  {name} failed (exit {run['rc']}):\n{tail}", flush=True)
@@ -269,6 +272,11 @@ def decode_rows(pkg: Path, export: Path, env: dict, tmp: Path, vocab: int) -> di
             "run_stats": (run["stderr"].strip().splitlines() or [""])[-1]}
 
 
+def save(result: dict, target: Path) -> None:
+    target.parent.mkdir(exist_ok=True)
+    target.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def machine() -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with open("/proc/meminfo") as fh:
@@ -328,14 +336,15 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     cfg = {**LLAMA_32_1B, **(TINY if args.tiny else {})}
     env = {**os.environ, "RAIPACK_CACHE": str(work / "cache")}
     result = {"machine_start": machine(), "config": cfg, "rows": [], "packages": {}}
+    target = HERE / "out" / ("real_size_tiny.json" if args.tiny else "real_size.json")
     model = work / ("Llama-3.2-1B-random" if not args.tiny else "Llama-tiny-random")
     if not (model / "model.safetensors").exists():
         result["model"] = write_model(model, cfg)
         print(f"model folder {model}: {result['model']['bytes'] / GIB:.2f} GiB in {result['model']['seconds']} s", flush=True)
     for algorithm in args.algorithms.split(","):
         out_root = work / f"build-{algorithm}"
-        rows = build_stages(model, algorithm, out_root, env, work, args.smoke_max_tier)
-        result["rows"] += rows
+        rows = build_stages(model, algorithm, out_root, env, work, args.smoke_max_tier,
+                            on_row=lambda row: (result["rows"].append(row), save(result, target)))
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]
         if not pkgs or any(r["rc"] for r in rows):
             continue
@@ -345,10 +354,9 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
         d = decode_rows(pkg, export, env, work, cfg["vocab_size"])
         print(f"{algorithm:4} decode    reference {d['reference_tps']:.1f} tok/s vs onnxruntime-genai {d['oga_tps']:.1f} tok/s: {d['ratio']:.2f}x; raipack run: {d['run_stats']}", flush=True)
         result["packages"][algorithm] = {"path": str(pkg), "validate": v, "decode": d}
+        save(result, target)
     result["machine_end"] = machine()
-    (HERE / "out").mkdir(exist_ok=True)
-    target = HERE / "out" / ("real_size_tiny.json" if args.tiny else "real_size.json")
-    target.write_text(json.dumps(result, indent=2) + "\n")
+    save(result, target)
     print(f"wrote {target}")
     failed = [r for r in result["rows"] if r["rc"]]
     return 1 if failed or len(result["packages"]) < len(args.algorithms.split(",")) else 0

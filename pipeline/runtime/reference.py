@@ -13,9 +13,11 @@
   binds the window of the smallest token tier that holds its last position, as that tier's plan
   describes ([1, kv_heads, W, head_size] at the start of each layer's region); growing into the next
   tier re-lays the filled positions out in place.
-- Prefill: the prompt is right-padded up to the smallest prefill tier that holds it; longer prompts
-  run in chunks of `search.chunk_size` (the last chunk padded to its tier) when
-  `hybrid_opt_chunk_context` is "1". Padding only ever sits after the real tokens: the causal mask
+- Prefill: the prompt is right-padded up to the smallest prefill tier that holds it. With
+  `hybrid_opt_chunk_context` "1", one call takes at most `search.chunk_size` tokens (the settings'
+  `one_pass()`, which `raipack tune --chunk-size` lowers): a longer prompt runs in chunks of that
+  size, the last one padded to its tier. Without chunking a prompt is one call (its length is capped
+  at the largest prefill tier). Padding only ever sits after the real tokens: the causal mask
   hides it from them, and the KV rows it writes lie beyond the real length, where the next tokens
   overwrite them before anything reads them.
 - Token phase: one token per call, with the plan of the token tier that holds the new length.
@@ -103,6 +105,8 @@ class ReferenceRuntime:
         self.chunk_size = settings.chunk_size or self.prefill_tiers[-1]
         if self.chunk_size not in self.prefill_tiers:
             raise PackageError(f"search.chunk_size {self.chunk_size} is not one of the prefill tiers {self.prefill_tiers}", "rebuild the package")
+        # the longest prefill call: the chunk with chunked prefill, else the largest tier (prompts are capped to it)
+        self.one_pass = self.chunk_size if self.chunked else self.prefill_tiers[-1]
         mpl = rai.get("max_prompt_length") or {}
         self.sdk_version = sdk_version or header.get("release")
         if mpl:
@@ -336,15 +340,17 @@ class ReferenceRuntime:
             raise RuntimeRefusal(f"the prompt of {n} tokens exceeds the package's maximum prompt length of {self.max_prompt_length} tokens (rai_config.json, Ryzen AI {self.sdk_version})", self.max_prompt_length, n)
         self.filled, self._window, self._fast_hi = 0, 0, 0
         self.calls.clear()
-        if n <= self.prefill_tiers[-1]:
-            chunks = [ids]
-        else:  # only reachable with chunked prefill (max_prompt_length is capped otherwise)
-            chunks = [ids[s: s + self.chunk_size] for s in range(0, n, self.chunk_size)]
+        step = self.one_pass
+        chunks = [ids[s: s + step] for s in range(0, n, step)]
         row = None
         for chunk in chunks:
             tier = next(t for t in self.prefill_tiers if t >= chunk.size)
             row = self._call("prefill", chunk, tier)
         return row
+
+    def prefill_calls(self) -> list[int]:
+        """The prefill tier of each call the last prefill made (one per chunk)."""
+        return [tier for phase, tier, _ in self.calls if phase == "prefill"]
 
     def step(self, token: int):
         """Runs one generated token after the current sequence; returns its logits row (a view)."""

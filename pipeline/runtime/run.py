@@ -63,5 +63,17 @@ def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: 
     notes = [] if runtime.manifest_checked else [
         f"note: {Path(package) / 'manifest.json'} is missing, so the weights files were not checked against the hashes of the build"]
     tokens = [t for t in out.tokens if t not in runtime.eos_token_ids]
-    stats = f"[cpu-reference] {len(ids)} prompt tokens, first token {out.ttft * 1000:.0f} ms, {len(out.tokens)} tokens at {out.decode_tps:.1f} tok/s"
+    stats = f"[cpu-reference] {len(ids)} prompt tokens in {calls_text(runtime.prefill_calls())}, first token {out.ttft * 1000:.0f} ms, {len(out.tokens)} tokens at {out.decode_tps:.1f} tok/s"
     return Answer(tok.decode(tokens, skip_special_tokens=True).strip(), notes, stats)
+
+
+def calls_text(tiers: list[int]) -> str:
+    """'1 prefill call (tier 128)', '9 prefill calls (tiers 512×8, 128)': runs of one tier counted."""
+    runs: list[list[int]] = []
+    for t in tiers:
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    what = ", ".join(f"{t}×{k}" if k > 1 else str(t) for t, k in runs)
+    return f"{len(tiers)} prefill call{'s' if len(tiers) != 1 else ''} (tier{'s' if len(tiers) != 1 else ''} {what})"

@@ -71,7 +71,7 @@ def run(job: Job) -> dict:
             ids = tier_prompt(tok, length)
             got = timed_generate(runtime, ids, cfg.tier_new_tokens, stop_at_eos=False)
             want, _ = reference.greedy(ids, cfg.tier_new_tokens)
-            per_tier.append({"tier": t, "prompt_tokens": len(ids), "ttft_s": round(got.ttft, 4), "finite": got.finite, "tokens_match_export": list(got.tokens) == list(want)})
+            per_tier.append({"tier": t, "prompt_tokens": len(ids), "prefill_calls": runtime.prefill_calls(), "ttft_s": round(got.ttft, 4), "finite": got.finite, "tokens_match_export": list(got.tokens) == list(want)})
             report["ttft_s"][str(len(ids))] = round(got.ttft, 4)
             advance()
     report["tiers"] = per_tier

@@ -15,7 +15,8 @@ prove little on their own: the logits rows carry the comparison, and a second ru
 NEW other ids one at a time (a token step fed the wrong id then shows).
 
 The package as built runs every prompt up to 4096 in one prefill call (its chunk_size is its largest
-prefill tier); chunked prefill is run on a copy tuned by `raipack tune --chunk-size 512`.
+prefill tier); chunked prefill is run on a copy tuned by `raipack tune --chunk-size 512`, which takes
+any prompt longer than 512 ids in 512-id chunks (the longest call is the settings' one_pass()).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 from factory import reference_export, reference_package
 from helpers import edit_json
+from pipeline.runtime.run import calls_text
 
 NEW = 8  # new tokens per prompt: at 4090 the last step runs position 4096, past the largest prefill tier
 ATOL = 1e-4
@@ -139,6 +141,7 @@ def test_runtime_matches_onnxruntime_genai_at_length(runtime, oga_runs, n):
     ids, want = compare(runtime, oga_runs, n)
     assert [tier for _, tier, _ in prefill_calls(runtime)] == [min(t for t in runtime.prefill_tiers if t >= n)]
     assert len(runtime.calls) == NEW and runtime.filled == n + NEW - 1
+    assert calls_text(runtime.prefill_calls()) == f"1 prefill call (tier {runtime.calls[0][1]})"
     largest = runtime.prefill_tiers[-1]
     if n == 4090:  # both ran positions past the largest prefill tier (the last new token is only emitted)
         assert runtime.filled > largest and len(want["sequence"]) - 1 > largest
@@ -155,6 +158,9 @@ def test_prompt_beyond_the_largest_prefill_tier_runs_in_chunks_and_matches(tuned
     calls = prefill_calls(tuned)
     assert [tier for _, tier, _ in calls] == [TUNED_CHUNK] * 8 + [min(t for t in tuned.prefill_tiers if t >= 4)]
     assert len({window for _, _, window in calls}) > 1
+    # what `raipack run` prints and the smoke report records: the calls the prefill made
+    assert tuned.prefill_calls() == [tier for _, tier, _ in calls]
+    assert calls_text(tuned.prefill_calls()) == f"9 prefill calls (tiers {TUNED_CHUNK}×8, {calls[-1][1]})"
 
 
 def test_copy_tuned_to_512_token_chunks_matches_at_4090(tuned, oga_runs):
@@ -162,11 +168,11 @@ def test_copy_tuned_to_512_token_chunks_matches_at_4090(tuned, oga_runs):
     compare(tuned, oga_runs, 4090)
 
 
-@pytest.mark.xfail(strict=True, reason="the reference runtime chunks a prompt only above its largest prefill tier "
-                   "(4096), so search.chunk_size 512 leaves a 4090-token prompt in one 4096-tier call, while "
-                   "hybrid_opt_max_seq_length says 512 and NpuSettings.one_pass() is the chunk (reported in issue 13)")
 def test_copy_tuned_to_512_token_chunks_prefills_4090_ids_in_chunks(tuned):
-    """The tuned copy takes a 4090-token prompt in ceil(4090 / 512) = 8 prefill calls of one chunk each."""
+    """The tuned copy takes a 4090-token prompt in ceil(4090 / 512) = 8 prefill calls of one chunk each
+    (the last one, 506 ids, padded to the 512 tier): no call is longer than the chunk the settings say."""
+    assert tuned.settings.one_pass() == TUNED_CHUNK
     tuned.prefill(prompt_ids(4090, tuned.vocab_size))
     calls = prefill_calls(tuned)
     assert [tier for _, tier, _ in calls] == [TUNED_CHUNK] * 8, calls
+    assert calls_text(tuned.prefill_calls()) == f"8 prefill calls (tiers {TUNED_CHUNK}×8)"

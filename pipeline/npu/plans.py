@@ -13,7 +13,7 @@ schedule file; each tier's `.plan` keeps only what varies (docs/formats.md).
 The fuse stage derives the symbolic shapes from two runs of its shape inference at probe lengths
 (`derive_schedule`) instead of one run per tier; the checks and the runtime prepare a schedule once
 (`Schedule`) and check each tier against it in a few milliseconds (`plan_problems`).
-Standard library only at import (numpy inside the overlap check), so the light install reads plans.
+Standard library only, so the light install reads and checks plans without numpy.
 """
 
 from __future__ import annotations
@@ -184,7 +184,6 @@ class Schedule:
             self.neighbors[i].append(j)
             self.neighbors[j].append(i)
         self._sizes: dict = {}
-        self._pair_arrays = None
 
     def sizes_at(self, S: int, T: int) -> list[int]:
         """Bytes each buffer needs at (S, T)."""
@@ -202,17 +201,12 @@ class Schedule:
         return [[k, c * S**a * T**b] for k, (c, a, b) in self.scratch if c * S**a * T**b]
 
     def overlaps(self, offsets: list[int], sizes: list[int]) -> list[tuple[int, int]]:
-        """Pairs of non-empty buffers live at the same step whose bytes intersect."""
-        import numpy as np
-
-        if self._pair_arrays is None:
-            pairs = np.asarray(self.pairs, np.int64).reshape(-1, 2)
-            self._pair_arrays = pairs[:, 0], pairs[:, 1]
-        i, j = self._pair_arrays
-        o, z = np.asarray(offsets, np.int64), np.asarray(sizes, np.int64)
-        e = o + z
-        bad = (o[i] < e[j]) & (o[j] < e[i]) & (z[i] > 0) & (z[j] > 0)
-        return [(int(i[k]), int(j[k])) for k in np.flatnonzero(bad)]
+        """Pairs of non-empty buffers live at the same step whose bytes intersect (pure Python: at
+        Llama-3.1-8B's 32 layers, 245 buffers and 1295 live pairs, ~0.05 ms a tier, as numpy took
+        without its import)."""
+        o, z = offsets, sizes
+        e = [a + b for a, b in zip(o, z)]
+        return [(i, j) for i, j in self.pairs if o[i] < e[j] and o[j] < e[i] and z[i] and z[j]]
 
 
 def tier_plan(sched: Schedule, schedule: dict, *, tier: int, seq: int, window: int, max_length: int, model: dict, io: dict,

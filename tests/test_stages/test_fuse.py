@@ -610,6 +610,36 @@ def test_assign_offsets_never_overlaps_live_buffers():
                 assert x["offset"] + x["size"] <= y["offset"] or y["offset"] + y["size"] <= x["offset"]
 
 
+def test_overlap_check_finds_every_live_overlap_without_numpy(packages):
+    """Schedule.overlaps (run for every tier by RP905 and the runtime) against a plain double loop over
+    every pair of buffers, on the real prefill schedule with random offsets and sizes (zeros included),
+    and the validate path never imports numpy for it."""
+    import subprocess
+    import sys
+
+    from pipeline.npu import plans
+
+    pkg, _ = packages["reference-16K"]
+    doc, _ = _schedule(pkg, "prefill")
+    sched = plans.Schedule(doc)
+    first, last = sched.first, [b["last_step"] for b in doc["buffers"]]
+    n, rng, found = len(first), np.random.default_rng(1), 0
+    for _ in range(20):
+        offsets = [int(x) for x in rng.integers(0, 40, n) * 64]
+        sizes = [int(x) for x in rng.integers(0, 3, n) * 64]
+        want = {(i, j) for i in range(n) for j in range(n) if i != j and first[i] <= last[j] and first[j] <= last[i]
+                and sizes[i] and sizes[j] and offsets[i] < offsets[j] + sizes[j] and offsets[j] < offsets[i] + sizes[i]}
+        got = sched.overlaps(offsets, sizes)
+        assert {frozenset(p) for p in got} == {frozenset(p) for p in want} and len(got) == len(want) // 2
+        found += len(got)
+    assert found  # the random arenas did overlap
+    code = ("import json, sys; from pipeline.npu import plans\n"
+            "s = plans.Schedule(json.load(open(sys.argv[1])))\n"
+            "print(s.overlaps([0] * len(s.names), [64] * len(s.names)) != [], 'numpy' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, str(pkg / plans.schedule_rel("decoder", "prefill"))], capture_output=True, text=True)
+    assert proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr
+
+
 def test_hybrid_target_is_refused_before_any_stage_runs(tiny_llama, tmp_path, monkeypatch, capsys):
     """The reference backend writes NPU packages only; a hybrid target is refused up front, not after
     minutes of quantizing."""

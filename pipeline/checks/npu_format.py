@@ -16,9 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 
 from pipeline.checks.base import check
+from pipeline.core.package import JSON_MAX_BYTES, ReadError
 from pipeline.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
 from pipeline.npu.layout import TIERED, metastate_sets, weights_sibling
 from pipeline.npu.settings import expected_tiers, pow2_floor
@@ -64,16 +64,13 @@ def _reference(ctx):
     result = False
     if fe is not None and not fe.lfs:  # a missing or pointer header is RP107 / RP404 / RP102's
         fmt = _formats()
-        path = ctx.pkg.path(rel)
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(len(fmt.MAGIC))
-        except OSError:
-            head = b""
+        head, data = _read_header_file(ctx, rel, fe.size)
         ctx._npu_magic = head == fmt.MAGIC
         if ctx._npu_magic:
             try:
-                result = (rel, fmt.read_header(path))
+                fmt.check_header_size(fe.size, rel)
+                result = (rel, fmt.decode_header(data, rel))
+                ctx._npu_header_sha = hashlib.sha256(data).hexdigest()  # RP904 and RP905 compare it
             except fmt.FormatError as err:
                 result = (rel, err)
         elif (why := _raipack_claim(ctx)) is not None:
@@ -83,6 +80,25 @@ def _reference(ctx):
                 f"rebuild the package with raipack build, or copy {rel} again from the package raipack wrote"))
     ctx._npu_header = result
     return result or None
+
+
+def _read_header_file(ctx, rel: str, size: int) -> tuple[bytes, bytes]:
+    """(magic-sized head, whole file) of the header, opened once: the whole file only when it starts
+    with raipack's magic and is small enough to be a header (an AMD header is never read whole)."""
+    fmt = _formats()
+    try:
+        with ctx.pkg.open(rel) as fh:
+            head = fh.read(len(fmt.MAGIC))
+            if head != fmt.MAGIC or size > fmt.MAX_HEADER_FILE:
+                return head, b""
+            return head, head + fh.read(fmt.MAX_HEADER_FILE + 1 - len(head))
+    except (OSError, ReadError):
+        return b"", b""
+
+
+def _small_file(ctx, rel: str) -> bytes:
+    """A .state or .const file: the bytes the package scan read, else read once (ReadError when it cannot be)."""
+    return ctx.pkg.scanned_bytes(rel, JSON_MAX_BYTES, "metastate file")
 
 
 def _header(ctx):
@@ -234,7 +250,7 @@ def fused_node_cache(ctx):
     if doc is None:
         return
     fmt = _formats()
-    header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
+    header_sha = ctx._npu_header_sha
     for i, op in enumerate(doc.get("operators") or []):
         name = op.get("name")
         meta_rel = op.get("meta") or f"cache/{name}_meta.json"
@@ -254,8 +270,8 @@ def fused_node_cache(ctx):
         if const_rel not in ctx.pkg.files:
             continue  # RP603 reports the missing .const
         try:
-            d = fmt.decode_const(ctx.pkg.path(const_rel).read_bytes(), const_rel)
-        except (fmt.FormatError, ValueError) as err:
+            d = fmt.decode_const(_small_file(ctx, const_rel), const_rel)
+        except (fmt.FormatError, ValueError, ReadError) as err:
             yield ctx.finding(const_rel, str(err), "rebuild the package")
             continue
         if d.get("node") != name or d.get("op_type") != op.get("op_type"):
@@ -269,12 +285,6 @@ def fused_node_cache(ctx):
         meta_t = {k: (v.get("offset"), v.get("size_in_bytes")) for k, v in tmap.items() if isinstance(v, dict) and "size_in_bytes" in v}
         if meta_t != want:
             yield ctx.finding(meta_rel, f"tensor_map places the tensors of {name} differently from {rel}", "rebuild the package", "/tensor_map")
-
-
-@lru_cache(maxsize=4)
-def _sha_file(path: str, size: int, mtime: float) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
 
 
 _SCHEMA_ERRORS: dict[tuple[str, str], list] = {}
@@ -296,12 +306,17 @@ def _schema_errors(name: str, sha: str, doc: dict) -> list:
 
 
 def _graph_sha(ctx, grel):
-    """The sha256 of the package's graph, or None when there is none or it is an LFS pointer."""
+    """The sha256 of the package's graph, or None when there is none, it is an LFS pointer or cannot be read."""
     if not grel or ctx.pkg.files[grel].lfs:
         return None
-    p = ctx.pkg.path(grel)
-    st = p.stat()
-    return _sha_file(str(p), st.st_size, st.st_mtime)
+    try:
+        h = hashlib.sha256()
+        with ctx.pkg.open(grel) as fh:  # refuses a file swapped for a FIFO since the scan
+            for block in iter(lambda: fh.read(8 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    except (OSError, ReadError):
+        return None  # RP701 says why the graph cannot be read
 
 
 def _state_findings(ctx, srel, plan_rel, plan_sha, header, graph, phase, tier):
@@ -309,8 +324,8 @@ def _state_findings(ctx, srel, plan_rel, plan_sha, header, graph, phase, tier):
     fmt = _formats()
     (rel, header_sha), (grel, graph_sha) = header, graph
     try:
-        state = fmt.decode_state(ctx.pkg.path(srel).read_bytes(), srel)
-    except fmt.FormatError as err:
+        state = fmt.decode_state(_small_file(ctx, srel), srel)
+    except (fmt.FormatError, ReadError) as err:
         yield ctx.finding(srel, str(err), err.hint)
         return
     if state.get("plan_sha256") != plan_sha:
@@ -340,7 +355,7 @@ def metastate_plans(ctx):
     rel, doc = _header(ctx)
     if doc is None:
         return
-    header_sha = hashlib.sha256(ctx.pkg.path(rel).read_bytes()).hexdigest()
+    header_sha = ctx._npu_header_sha
     grel = ctx.graph_rel
     graph_sha = _graph_sha(ctx, grel)
     m = doc.get("model") or {}
@@ -353,7 +368,11 @@ def metastate_plans(ctx):
         if not mt or "plan" not in exts or ctx.pkg.files[exts["plan"]].lfs:
             continue
         phase, tier, plan_rel = mt["phase"].lower(), int(mt["tier"]), exts["plan"]
-        raw = ctx.pkg.path(plan_rel).read_bytes()
+        try:
+            raw = ctx.pkg.read_bytes(plan_rel, JSON_MAX_BYTES, "metastate plan")
+        except ReadError as err:
+            yield ctx.finding(plan_rel, str(err), err.hint)
+            continue
         plan_sha = hashlib.sha256(raw).hexdigest()
         if "state" in exts and not ctx.pkg.files[exts["state"]].lfs:
             yield from _state_findings(ctx, exts["state"], plan_rel, plan_sha, (rel, header_sha), (grel, graph_sha), phase, tier)
@@ -400,7 +419,10 @@ def _schedule(ctx, phase: str, node: str):
         return [ctx.finding(srel, f"is missing: the {phase} plans of node {node} share its schedule", "copy the whole cache folder, or rebuild the package")]
     if fe.lfs:
         return []
-    raw = ctx.pkg.path(srel).read_bytes()
+    try:
+        raw = ctx.pkg.read_bytes(srel, JSON_MAX_BYTES, "metastate schedule")
+    except ReadError as err:
+        return [ctx.finding(srel, str(err), err.hint)]
     sha = hashlib.sha256(raw).hexdigest()
     try:
         doc = json.loads(raw)

@@ -110,6 +110,7 @@ class Package:
     scan_findings: list[Finding] = field(default_factory=list)
     _json: dict = field(default_factory=dict, repr=False)
     _duplicates: dict = field(default_factory=dict, repr=False)
+    _small: dict = field(default_factory=dict, repr=False)  # rel -> the whole bytes of a file the scan read whole (<= LFS_MAX_SIZE)
 
     # -- scanning ---------------------------------------------------------
     @classmethod
@@ -169,6 +170,8 @@ class Package:
             head = self._head(rel, fe)
             if head is not None:
                 fe.lfs = parse_lfs_pointer(head) if st.st_size <= LFS_MAX_SIZE else None
+                if len(head) == st.st_size:
+                    self._small[rel] = head
                 if fe.role == "npu_weights" and fe.lfs is None and _looks_pickled(head):
                     fe.role = "pickle"
         self.files[rel] = fe
@@ -215,6 +218,11 @@ class Package:
         if len(raw) > limit:
             raise ReadError(f"is larger than the {limit} bytes a {what} may have", "check that the right file was placed here")
         return raw
+
+    def scanned_bytes(self, rel: str, limit: int, what: str = "file") -> bytes:
+        """As read_bytes, but a small file the scan read whole (a .state, a .const) is not read again."""
+        small = self._small.get(rel)
+        return small if small is not None and len(small) <= limit else self.read_bytes(rel, limit, what)
 
     def add_virtual_json(self, rel: str, doc) -> None:
         """Treat `doc` as the content of `rel` without writing it (validating a

@@ -117,11 +117,18 @@ def decode_header(data: bytes, name: str = "model.pb.bin") -> dict:
     return doc
 
 
+MAX_HEADER_FILE = MAX_HEADER_JSON + 64
+
+
+def check_header_size(size: int, name: str) -> None:
+    """Refuses (FormatError) a header file too large to read whole."""
+    if size > MAX_HEADER_FILE:
+        raise FormatError(f"{name} is {size} bytes, too large for a header", "check that the header and weights files were not swapped")
+
+
 def read_header(path: Path) -> dict:
     path = Path(path)
-    size = path.stat().st_size
-    if size > MAX_HEADER_JSON + 64:
-        raise FormatError(f"{path.name} is {size} bytes, too large for a header", "check that the header and weights files were not swapped")
+    check_header_size(path.stat().st_size, path.name)
     return decode_header(path.read_bytes(), path.name)
 
 

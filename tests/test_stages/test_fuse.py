@@ -640,6 +640,38 @@ def test_overlap_check_finds_every_live_overlap_without_numpy(packages):
     assert proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr
 
 
+def test_a_validation_reads_the_header_and_small_metastate_files_once(monkeypatch):
+    """RP901-RP905 share one read of model.pb.bin (and its sha256), and a .state or .const file the
+    package scan read whole is not opened again: every open of a package file is counted, whichever
+    way it is opened (os.open, open, Path.read_bytes)."""
+    import builtins
+    import collections
+    import io
+    import os
+
+    from factory import reference_package
+    from pipeline.validate import validate
+
+    pkg = reference_package("reference-16K").resolve()
+    opened: collections.Counter = collections.Counter()
+
+    def counting(real):
+        def wrapper(path, *args, **kwargs):
+            if isinstance(path, (str, os.PathLike)) and os.path.realpath(path).startswith(f"{pkg}/"):
+                opened[os.path.relpath(os.path.realpath(path), pkg)] += 1
+            return real(path, *args, **kwargs)
+        return wrapper
+
+    for module, name in ((os, "open"), (io, "open"), (builtins, "open")):
+        monkeypatch.setattr(module, name, counting(getattr(module, name)))
+    report = validate(pkg)
+    monkeypatch.undo()
+    assert not [f for f in report.findings if f.severity == "error"]
+    small = [p.relative_to(pkg).as_posix() for p in (*pkg.glob("*.state"), *(pkg / "cache").glob("*.const")) if p.stat().st_size <= 1024]
+    assert len(small) > 40 and {opened[rel] for rel in small} == {1}, {rel: opened[rel] for rel in small if opened[rel] != 1}
+    assert opened["model.pb.bin"] == 1
+
+
 def test_hybrid_target_is_refused_before_any_stage_runs(tiny_llama, tmp_path, monkeypatch, capsys):
     """The reference backend writes NPU packages only; a hybrid target is refused up front, not after
     minutes of quantizing."""

@@ -1,6 +1,7 @@
 """`raipack tune`: change a package's length settings in genai_config.json, safely.
 
-Only genai_config.json is rewritten (plus a backup beside it): search.max_length,
+Only genai_config.json is rewritten (plus a backup beside it, and, in a package raipack built, the
+entries of manifest.json for both with a `tuned` record): search.max_length,
 search.chunk_size, hybrid_opt_max_seq_length (a power of two) and
 max_length_for_kv_cache where present. Values the package's compiled tiers, KV
 buffer or Ryzen AI version cannot serve are refused before anything is written;
@@ -12,6 +13,7 @@ from __future__ import annotations
 import copy
 import difflib
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -19,11 +21,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import __version__
 from pipeline.checks import run_checks
 from pipeline.checks.manifest import manifest_files
 from pipeline.core.errors import RaipackError, UsageError
+from pipeline.core.manifest import NAME as MANIFEST
+from pipeline.core.manifest import put as put_manifest
 from pipeline.core.output import atomic_write_bytes
-from pipeline.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json
+from pipeline.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json, role_of
 from pipeline.npu import profile as profiles
 from pipeline.npu.settings import pow2_ceil, pow2_floor, sdk_version
 from pipeline.validate import open_package
@@ -47,6 +52,7 @@ class Plan:
     profile: str  # the package's profile, detected before the edit; the candidate and the result are checked against it
     reason: str
     notes: list[str] = field(default_factory=list)
+    manifest: bool = False  # raipack's manifest.json records genai_config.json: apply() updates its entry
 
     @property
     def root(self) -> Path:
@@ -68,8 +74,7 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
     ctx, reason = open_package(path, profile)
     doc, old_text = _load(ctx)
     _check_rai_config(ctx)
-    if GENAI in manifest_files(ctx):
-        raise Refused(f"{ctx.pkg.root / 'manifest.json'} records the size and hash of {GENAI}; tuning it would leave the manifest stale (RP801/RP802)", "rebuild the package with the new lengths (raipack build), or tune a copy without manifest.json")
+    recorded = _recorded_genai(ctx, old_text)
     L = ctx.settings.as_dict()
     opts, where = ctx.options
     version = sdk_version(ctx.profile, sdk)
@@ -101,11 +106,29 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
         seq = _seq_length(ctx, ml, cs if L["chunked"] else None, prompt, kv, prefill)
         put("hybrid_opt_max_seq_length", _container(new, where["hybrid_opt_max_seq_length"]), "hybrid_opt_max_seq_length", str(seq))
     new_text = dump_like(new, old_text)
-    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version, ctx.profile["id"], reason)
-    after = _prevalidate(ctx, new, version[0])
+    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version, ctx.profile["id"], reason, manifest=recorded)
+    after = _prevalidate(ctx, new, version[0], recorded)
     if profile == "auto":
         _note_profile_change(p, after, reason)
     return p
+
+
+def _recorded_genai(ctx, text: str) -> bool:
+    """Whether raipack's manifest.json records genai_config.json; then the file must still be the one
+    the build wrote (its sha256), so that tune never blesses an edit made after the build."""
+    entry = manifest_files(ctx).get(GENAI)
+    if entry is None:
+        return False
+    m = ctx.pkg.try_json(MANIFEST)
+    if not (isinstance(m, dict) and m.get("format") == "raipack-manifest" and m.get("complete") is True):
+        raise Refused(f"{ctx.pkg.root / MANIFEST} lists {GENAI} but is not a complete raipack manifest, so tune cannot keep it up to date", "rebuild the package (raipack build), or remove manifest.json from a copy you tune")
+    if entry.get("sha256") != hashlib.sha256(text.encode("utf-8")).hexdigest() and entry.get("sha256") != _sha256_file(ctx.pkg.root / GENAI):
+        raise Refused(f"{ctx.pkg.root / GENAI} does not match the sha256 {MANIFEST} records for it: it was edited after the build", "rebuild the package, or restore the file the build wrote, then tune")
+    return True
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _check_chunk_size(L: dict, opts: dict, chunk_size: int | None, cs: int | None, ml: int, prefill: list[int]) -> None:
@@ -264,9 +287,10 @@ def _detected_by_lengths(ctx) -> bool:
     return not by_name and any(c.get("pointer") == "/search/max_length" for c in prof["detect"]["content"])
 
 
-def _prevalidate(ctx, candidate: dict, version: str):
+def _prevalidate(ctx, candidate: dict, version: str, manifest_updated: bool = False):
     """Refuse when the candidate file would fail a check the current one passes,
-    both checked against the profile detected before the edit; the candidate's package."""
+    both checked against the profile detected before the edit; the candidate's package.
+    With `manifest_updated`, apply() rewrites the manifest's entry, so its size/hash checks are moot."""
     def errors(c):
         c.sdk_version = version
         found, _ = run_checks(c)
@@ -274,7 +298,7 @@ def _prevalidate(ctx, candidate: dict, version: str):
 
     after_ctx, _ = open_package(ctx.pkg.root, ctx.profile["id"], virtual={GENAI: candidate})
     before, after = errors(ctx), errors(after_ctx)
-    new = [f for key, f in after.items() if key not in before]
+    new = [f for key, f in after.items() if key not in before and not (manifest_updated and f.check_id in ("RP801", "RP802") and f.path == GENAI)]
     if new:
         f = new[0]
         raise Refused(f"the new settings would fail check {f.check_id}: {f.path} {f.message}", f.hint or "choose other values")
@@ -305,8 +329,28 @@ def apply(p: Plan) -> Path | None:
     mode = os.stat(target)
     backup = backup_path(p.path)
     atomic_write_bytes(backup, original, like=mode)
-    atomic_write_bytes(target, p.new_text.encode("utf-8"), like=mode)
+    new = p.new_text.encode("utf-8")
+    atomic_write_bytes(target, new, like=mode)
+    if p.manifest:
+        _update_manifest(p, new, backup, original)
     return backup
+
+
+def _update_manifest(p: Plan, new: bytes, backup: Path, original: bytes) -> None:
+    """raipack's manifest.json, rewritten last: genai_config.json's new size and sha256, the backup listed
+    beside it, and a `tuned` record of what changed (so the manifest says the package was tuned, and by whom)."""
+    path = p.root / MANIFEST
+    doc = json.loads(path.read_text("utf-8"))
+    files = [e for e in doc["files"] if e.get("path") != backup.name]
+    for entry in files:
+        if entry.get("path") == GENAI:
+            entry["size"], entry["sha256"] = len(new), hashlib.sha256(new).hexdigest()
+    files.append({"path": backup.name, "size": len(original), "sha256": hashlib.sha256(original).hexdigest(), "role": role_of(backup.name)})
+    doc["files"] = sorted(files, key=lambda e: e["path"])
+    doc.setdefault("tuned", []).append({
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "by": f"raipack {__version__}", "file": GENAI, "backup": backup.name,
+        "changes": [{"setting": name, "old": old, "new": value} for name, old, value in p.changes]})
+    put_manifest(p.root, doc)
 
 
 def revalidate(p: Plan):

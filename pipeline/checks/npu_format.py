@@ -21,7 +21,7 @@ from pipeline.checks.base import check
 from pipeline.core.package import JSON_MAX_BYTES, ReadError
 from pipeline.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
 from pipeline.npu.layout import TIERED, metastate_sets, weights_sibling
-from pipeline.npu.settings import expected_tiers, pow2_floor
+from pipeline.npu.settings import expected_tiers, pow2_ceil, pow2_floor
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
@@ -452,8 +452,10 @@ def tier_options(ctx):
     """In a raipack package, the provider options and search settings agree
     with the tiers the package holds: `search.max_length` is the largest
     token tier (and `max_length_for_kv_cache`, when set, equals it);
-    `hybrid_opt_max_seq_length` is the largest prefill tier (1.8) or the
-    largest power of two within `max_length` (1.7.1 16K); `chunk_size`
+    `hybrid_opt_max_seq_length` is the largest prefill tier (1.8) or, when
+    prefill is chunked, the power of two holding `chunk_size` (what `raipack
+    tune --chunk-size` writes), or the largest power of two within
+    `max_length` (1.7.1 16K); `chunk_size`
     is a prefill tier; chunked prefill (`hybrid_opt_chunk_context` "1") is on
     whenever `rai_config.max_prompt_length` exceeds the largest prefill tier;
     the header's tiers are the profile's prefill tiers up to `max_length`, and
@@ -475,8 +477,11 @@ def tier_options(ctx):
         yield ctx.finding(GENAI, f"max_length_for_kv_cache is {L['kv_cache']}, but the largest token tier is {token[-1]}", "set it to the largest token tier", where.get("max_length_for_kv_cache", ""))
     built = (ctx.profile["genai"]["options"].get("hybrid_opt_max_seq_length") or {}).get("build", "{npu_seq}")
     want, what = (pow2_floor(token[-1]), "the largest power of two within max_length") if built == "{max_length_pow2}" else (prefill[-1], "the largest prefill tier")
-    if L["npu_seq"] is not None and L["npu_seq"] != want:
-        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to {what}, {want}", f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
+    chunk = L["chunk_size"] if L["chunked"] else None
+    tuned = min(pow2_ceil(chunk), prefill[-1]) if chunk and chunk in prefill and built != "{max_length_pow2}" else want
+    if L["npu_seq"] is not None and L["npu_seq"] not in (want, tuned):
+        also = f" (or {tuned}, the power of two holding the {chunk}-token chunks)" if tuned != want else ""
+        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to {what}, {want}{also}", f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
     if L["chunk_size"] is not None and L["chunk_size"] not in prefill:
         yield ctx.finding(GENAI, f"search.chunk_size {L['chunk_size']} is not one of the prefill tiers {prefill}", "make chunk_size a prefill tier", "/search/chunk_size")
     too_long = {v: n for v, n in L["max_prompt"].items() if n > prefill[-1]}

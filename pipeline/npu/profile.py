@@ -129,7 +129,26 @@ def built_by_raipack(pkg: Package) -> Detection | None:
         conds = prof["detect"]["content"]
         if prof["target"] == "reference" and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
             best, best_conds = prof, conds
-    return Detection(best, "; ".join(c.get("why", "marker holds") for c in best_conds)) if best else None
+    if best:
+        return Detection(best, "; ".join(c.get("why", "marker holds") for c in best_conds))
+    return _by_reference_header(pkg)
+
+
+def _by_reference_header(pkg: Package) -> Detection | None:
+    """Without raipack's manifest (a copy that lost it), raipack's own model.pb.bin still says which
+    reference profile it was fused for; RP901 then reports the missing manifest under that profile."""
+    from pipeline.npu import formats
+
+    if "model.pb.bin" not in pkg.files or not formats.is_reference_header(pkg.root / "model.pb.bin"):
+        return None
+    try:
+        profile_id = formats.read_header(pkg.root / "model.pb.bin").get("profile")
+    except (formats.FormatError, OSError):
+        return None
+    prof = all_profiles().get(profile_id) if isinstance(profile_id, str) else None
+    if prof is None or prof["target"] != "reference":
+        return None
+    return Detection(prof, f"model.pb.bin is raipack's reference header, fused for profile {profile_id} (there is no raipack manifest)")
 
 
 def detect(pkg: Package) -> Detection | None:

@@ -101,7 +101,7 @@ REFUSED = [
     (P16, ["--chunk-size", 3000], "--chunk-size 3000 is not a prefill tier"),
     (P16, ["--max-prompt", 8192], "--max-prompt 8192 is above the 4096 tokens Ryzen AI 1.8.0 allows"),
     (P4, ["--max-prompt", 4096, "--sdk-version", "1.5.1"], "above the 2048 tokens Ryzen AI 1.5.1 allows"),
-    ("reference-16K", ["--max-length", 8192], "manifest.json records the size and hash"),
+    ("reference-16K", ["--max-length", 8192], "token tier 8192 of node decoder has no metastate set"),  # a raipack package is compiled for its max_length
 ]
 
 
@@ -295,3 +295,48 @@ def test_bad_input_is_one_sentence_and_exit_1(make_pkg, capsys, rel, edit, words
     assert code == 1 and out == "" and len(lines) == 2, err[-2000:]
     assert lines[0].startswith(f"ERROR: {pkg / rel}") and words in lines[0] and lines[1].startswith("  hint: ")
     assert snapshot(pkg) == before
+
+
+def test_tuning_a_raipack_package_keeps_its_manifest_true(make_pkg, capsys):
+    """A package raipack built lists genai_config.json in manifest.json: tune rewrites that entry (and lists
+    the backup) so the tuned package validates clean, hashes included, and records what it changed."""
+    pkg = make_pkg("reference-16K")
+    code, out, err = run(capsys, pkg, "--chunk-size", 1024)
+    assert (code, err) == (0, ""), out
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    [record] = manifest["tuned"]
+    assert record["file"] == GENAI and {"setting": "search.chunk_size", "old": 4096, "new": 1024} in record["changes"]
+    entries = {e["path"]: e for e in manifest["files"]}
+    assert entries[record["backup"]]["size"] == (pkg / record["backup"]).stat().st_size
+    result = validate(pkg, verify_hashes=True)
+    assert not result.findings, [f.message for f in result.findings]
+
+
+def test_tune_refuses_a_genai_config_edited_after_the_build(make_pkg, capsys):
+    pkg = make_pkg("reference-16K")
+    (pkg / GENAI).write_text((pkg / GENAI).read_text() + " ")
+    before = snapshot(pkg)
+    code, out, err = run(capsys, pkg, "--chunk-size", 1024)
+    assert code == 1 and out == "" and "does not match the sha256 manifest.json records" in err
+    assert snapshot(pkg) == before
+
+
+def test_a_raipack_package_tuned_to_smaller_chunks_runs_them(make_pkg, capsys):
+    """RP906 takes the power of two holding a smaller chunk (what tune writes), and nothing else."""
+    pkg = make_pkg("reference-16K")
+    assert run(capsys, pkg, "--chunk-size", 512)[0] == 0
+    assert ryzen(genai(pkg))["hybrid_opt_max_seq_length"] == "512"
+    assert not validate(pkg).findings
+    edit_json(pkg / GENAI, lambda doc: ryzen(doc).update(hybrid_opt_max_seq_length="2048"))
+    found = [f for f in validate(pkg).findings if f.check_id == "RP906"]
+    assert found and "or 512, the power of two holding the 512-token chunks" in found[0].message
+
+
+def test_a_raipack_package_that_lost_its_manifest_is_still_taken_for_its_profile(make_pkg):
+    """Auto detection reads raipack's own header when manifest.json is gone: the one finding is the missing
+    manifest, under the reference profile, not dozens of 'unknown extension .plan' warnings of an AMD profile."""
+    pkg = make_pkg("reference-16K")
+    (pkg / "manifest.json").unlink()
+    result = validate(pkg)
+    assert result.profile == "reference-16K" and "fused for profile reference-16K" in result.profile_reason
+    assert {f.check_id for f in result.findings} == {"RP107", "RP901"}

@@ -26,6 +26,7 @@ import mmap
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,11 +161,15 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     t0 = time.perf_counter()
     export_dir, out_dir = Path(export_dir).resolve(), Path(out_dir).resolve()
     run = _prepare(export_dir, Path(quark_dir).resolve() if quark_dir else None, profile, progress)
-    with closing(_Source(export_dir, run.model)) as src, output_folder(out_dir) as stage:
+    with closing(_Source(export_dir, run.model)) as src, output_folder(out_dir) as stage, ThreadPoolExecutor(1) as pool:
+        # the schedules read the graph before the weights step rewrites its initializers; the tiers'
+        # plans (pure Python) are then made on a thread while the kernel copies the weights
+        schedules = {phase: _write_schedule(run, stage, phase) for phase in ("prefill", "token")}
+        planned = pool.submit(_tier_plans, run, schedules)
         entries = _write_weights(run, src, stage)
         operators = _write_header(run, entries, stage)
         _write_cache(run, operators, stage)
-        _write_plans(run, stage)
+        _write_plans(run, stage, planned.result())
         _write_configs(run, stage)
     return _fuse_report(run, t0)
 
@@ -195,6 +200,9 @@ def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) 
         raise RaipackError(f"{export_dir / graph_name}: {err}", "fuse reads graphs written by the onnxruntime-genai model builder (int4, cpu)") from None
     run.findings += run.fg.findings
     run.report("graph", 1, 1)
+    dec, m = genai["model"]["decoder"], genai["model"]
+    run.dims = {"layers": int(dec["num_hidden_layers"]), "num_heads": int(dec["num_attention_heads"]), "kv_heads": int(dec["num_key_value_heads"]),
+                "head_size": int(dec["head_size"]), "hidden_size": int(dec["hidden_size"]), "vocab_size": int(m["vocab_size"])}
     _read_model_config(run)
     return run
 
@@ -267,15 +275,12 @@ def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
     from stages.fuse.graph import DOMAIN
 
     fg, profile, L = run.fg, run.profile, run.L
-    dec, model = run.genai["model"]["decoder"], run.genai["model"]
     operators = [{
         "name": f.name, "op_type": f.op_type, "function": f"{DOMAIN}.{f.function}", "layer": f.layer, "device": "npu",
         "meta": f"cache/{f.name}_meta.json", "inputs": f.inputs, "outputs": f.outputs,
         "tensors": [{"role": role, **entries[name]} for role, name in f.weights if name in entries],
         "cpu_inputs": [name for role, name in f.weights if name not in entries],
     } for f in fg.fused]
-    run.dims = {"layers": int(dec["num_hidden_layers"]), "num_heads": int(dec["num_attention_heads"]), "kv_heads": int(dec["num_key_value_heads"]),
-                "head_size": int(dec["head_size"]), "hidden_size": int(dec["hidden_size"]), "vocab_size": int(model["vocab_size"])}
     header = {
         "format": formats.HEADER_FORMAT, "format_version": formats.FORMAT_VERSION,
         "generator": "raipack fuse (reference backend)", "weights_file": "model.bin", "weights_size": run.written["model.bin"],
@@ -297,7 +302,7 @@ def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
     from stages.fuse.graph import attr_value
 
     cache = stage / "cache"
-    cache.mkdir()
+    cache.mkdir(exist_ok=True)
     for f, op in zip(run.fg.fused, operators):
         attrs = {ref: attr_value(a) for ref, a in f.attrs.items()}
         desc = formats.encode_const({"format": "raipack-node-descriptor", "format_version": 1, "node": f.name, "op_type": f.op_type,
@@ -320,41 +325,50 @@ def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
     run.report("cache", 1, 1)
 
 
-def _write_plans(run: _Run, stage: Path) -> None:
-    """Per phase, the shared schedule (cache/decoder_<phase>.schedule.json, from two runs of the shape
-    inference) and one small dd_metastate_* plan and state per tier (pipeline/npu/plans.py)."""
-    S = run.settings
-    weights = {t.name for t in run.fg.model.graph.initializer}
-    jobs = {"prefill": [(t, t, _token_window(S.token, t)) for t in S.prefill], "token": [(t, 1, t) for t in S.token]}
-    done, total = 0, len(jobs["prefill"]) + len(jobs["token"])
-    for phase, tiers in jobs.items():
-        sched, ref = _write_schedule(run, stage, phase, weights)
+def _tier_jobs(S: NpuSettings) -> dict:
+    """phase -> [(tier, sequence length, KV window)] of every plan."""
+    return {"prefill": [(t, t, _token_window(S.token, t)) for t in S.prefill], "token": [(t, 1, t) for t in S.token]}
+
+
+def _tier_plans(run: _Run, schedules: dict) -> list[tuple[str, int, bytes]]:
+    """(phase, tier, plan bytes) of every tier, each checked against its phase's shared schedule
+    (cache/decoder_<phase>.schedule.json; pipeline/npu/plans.py)."""
+    out = []
+    for phase, tiers in _tier_jobs(run.settings).items():
+        sched, ref = schedules[phase]
         for tier, seq, window in tiers:
-            plan = plans.tier_plan(sched, ref, tier=tier, seq=seq, window=window, max_length=S.max_length, model=run.dims, io=_plan_io(run))
+            plan = plans.tier_plan(sched, ref, tier=tier, seq=seq, window=window, max_length=run.settings.max_length, model=run.dims, io=_plan_io(run))
             problems = plans.plan_problems(plan, sched, phase=phase, tier=tier)
             if problems:
                 raise RaipackError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", plans.BUG)
-            stem = formats.metastate_stem(phase, NODE, tier)
-            plan_bytes = (json.dumps(plan, separators=(",", ":")) + "\n").encode("utf-8")
-            (stage / f"{stem}.plan").write_bytes(plan_bytes)
-            state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
-                                          "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": run.header_sha, "graph_sha256": run.graph_sha})
-            (stage / f"{stem}.state").write_bytes(state)
-            run.written[f"{stem}.plan"] = len(plan_bytes)
-            run.written[f"{stem}.state"] = len(state)
-            done += 1
-            run.report("plans", done, total)
+            out.append((phase, tier, (json.dumps(plan, separators=(",", ":")) + "\n").encode("utf-8")))
+    return out
+
+
+def _write_plans(run: _Run, stage: Path, planned: list[tuple[str, int, bytes]]) -> None:
+    """One small dd_metastate_* plan and its state per tier; the state records the sha256 of the plan,
+    the header and the graph."""
+    for done, (phase, tier, plan_bytes) in enumerate(planned, start=1):
+        stem = formats.metastate_stem(phase, NODE, tier)
+        (stage / f"{stem}.plan").write_bytes(plan_bytes)
+        state = formats.encode_state({"format": "raipack-metastate-state", "format_version": 1, "phase": phase, "tier": tier, "node": NODE,
+                                      "plan_sha256": formats.sha256_hex(plan_bytes), "header_sha256": run.header_sha, "graph_sha256": run.graph_sha})
+        (stage / f"{stem}.state").write_bytes(state)
+        run.written[f"{stem}.plan"] = len(plan_bytes)
+        run.written[f"{stem}.state"] = len(state)
+        run.report("plans", done, len(planned))
 
 
 def _plan_io(run: _Run) -> dict:
     return {k: run.fg.io[k] for k in ("input_ids", "attention_mask", "logits")}
 
 
-def _write_schedule(run: _Run, stage: Path, phase: str, weights: set):
+def _write_schedule(run: _Run, stage: Path, phase: str):
     """The schedule every tier of `phase` shares; returns it prepared and {file, sha256} for the plans."""
     from stages.fuse.graph import ShapeError, static_schedule
 
     fg, kvh, hs = run.fg, run.dims["kv_heads"], run.dims["head_size"]
+    weights = {t.name for t in fg.model.graph.initializer}
     probes = []
     for seq, window in plans.PROBES[phase]:
         feeds = {fg.io["input_ids"]: ("int64", [1, seq]), fg.io["attention_mask"]: ("int64", [1, window])}
@@ -374,6 +388,7 @@ def _write_schedule(run: _Run, stage: Path, phase: str, weights: set):
         raise RaipackError(f"the {phase} schedule is inconsistent: {problems[0][1]}", plans.BUG)
     rel = plans.schedule_rel(NODE, phase)
     data = (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+    (stage / rel).parent.mkdir(exist_ok=True)
     (stage / rel).write_bytes(data)
     run.written[rel] = len(data)
     return plans.Schedule(doc), {"file": rel, "sha256": formats.sha256_hex(data)}

@@ -60,7 +60,7 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 # Not in `make test` or `make bench`: a random-weight Llama-3.2-1B-sized model through every stage
-# (RTN, then AWQ), about an hour on 2 cores and up to ~13 GiB; figures in docs/measurements/real_size.md.
+# (RTN, then AWQ), 1-2 hours on 2 shared cores, ~15 GiB at the peak; figures in docs/measurements/real_size.md.
 bench-real: $(STAMP) $(LIGHT)/.installed
 	nice -n 10 $(PY) bench/real_size.py
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli.main import cli
-from pipeline.core.env import OFFLINE
+from pipeline.core.env import OFFLINE, THREADS
 from pipeline.core.errors import RaipackError, UsageError
 
 
@@ -49,6 +49,8 @@ def build(model_dir, recipe, profile, name, output, until, from_, force, verify_
 
 def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False, verbose=False) -> int:
     os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
+    for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
+        os.environ.setdefault(key, value)
 
     from pipeline.build.progress import Progress
     from pipeline.build.recipe import load

@@ -25,6 +25,7 @@ from pipeline import __version__
 from pipeline.checks import run_checks
 from pipeline.checks.manifest import manifest_files
 from pipeline.core.errors import RaipackError, UsageError
+from pipeline.core.hashing import sha256_file
 from pipeline.core.manifest import NAME as MANIFEST
 from pipeline.core.manifest import put as put_manifest
 from pipeline.core.output import atomic_write_bytes
@@ -74,7 +75,7 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
     ctx, reason = open_package(path, profile)
     doc, old_text = _load(ctx)
     _check_rai_config(ctx)
-    recorded = _recorded_genai(ctx, old_text)
+    recorded = _recorded_genai(ctx)
     L = ctx.settings.as_dict()
     opts, where = ctx.options
     version = sdk_version(ctx.profile, sdk)
@@ -113,7 +114,7 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
     return p
 
 
-def _recorded_genai(ctx, text: str) -> bool:
+def _recorded_genai(ctx) -> bool:
     """Whether raipack's manifest.json records genai_config.json; then the file must still be the one
     the build wrote (its sha256), so that tune never blesses an edit made after the build."""
     entry = manifest_files(ctx).get(GENAI)
@@ -122,13 +123,9 @@ def _recorded_genai(ctx, text: str) -> bool:
     m = ctx.pkg.try_json(MANIFEST)
     if not (isinstance(m, dict) and m.get("format") == "raipack-manifest" and m.get("complete") is True):
         raise Refused(f"{ctx.pkg.root / MANIFEST} lists {GENAI} but is not a complete raipack manifest, so tune cannot keep it up to date", "rebuild the package (raipack build), or remove manifest.json from a copy you tune")
-    if entry.get("sha256") != hashlib.sha256(text.encode("utf-8")).hexdigest() and entry.get("sha256") != _sha256_file(ctx.pkg.root / GENAI):
+    if entry.get("sha256") != sha256_file(ctx.pkg.root / GENAI):
         raise Refused(f"{ctx.pkg.root / GENAI} does not match the sha256 {MANIFEST} records for it: it was edited after the build", "rebuild the package, or restore the file the build wrote, then tune")
     return True
-
-
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _check_chunk_size(L: dict, opts: dict, chunk_size: int | None, cs: int | None, ml: int, prefill: list[int]) -> None:

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 SEEDS = json.loads((Path(__file__).parent / "data" / "seeds.json").read_text())
-FAMILIES = SEEDS["families"]
-PACKAGES = SEEDS["packages"]
+MORE = json.loads((Path(__file__).parent / "data" / "families.json").read_text())  # issue 14's families
+FAMILIES = {**SEEDS["families"], **MORE["families"]}
+PACKAGES = SEEDS["packages"]  # the five seed packages
+FAMILY_PACKAGES = MORE["packages"]  # one AMD folder name per issue-14 family and profile
 
 PHI_CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
@@ -73,6 +75,8 @@ def _published_rope_form(path: Path, real: dict) -> None:
     doc.pop("rope_parameters", None)
     doc["rope_theta"] = real["rope_theta"]
     doc["rope_scaling"] = real["rope_scaling"]
+    if "rope_local_base_freq" in real:  # Gemma 3: the sliding layers' own rope base
+        doc["rope_local_base_freq"] = real["rope_local_base_freq"]
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 

@@ -15,7 +15,25 @@ Group = tuple[str, list, list]
 
 
 def match_layer(g: Graph, gqa) -> tuple[list[Group], str]:
-    """The four groups of one layer as (op_type, members, labels), and why the walk stopped early ("" if it did not)."""
+    """The groups of one layer as (op_type, members, labels), and why the walk stopped early ("" if it did not).
+    The first of `family_matchers()` that recognises the layer decides; else the generic chain below."""
+    for matcher in family_matchers():
+        found = matcher(g, gqa)
+        if found is not None:
+            return found
+    return match_chain(g, gqa)
+
+
+def family_matchers() -> tuple:
+    """The extension point for a family whose layer chain differs from the generic one (a module of
+    its own in this package, e.g. gemma.py): matchers tried in order before `match_chain`, each
+    `fn(g, gqa)` returning (groups, why) for a layer of its family and None for any other layer.
+    Imported here rather than at the top so a family module may import this module's group helpers."""
+    return ()
+
+
+def match_chain(g: Graph, gqa) -> tuple[list[Group], str]:
+    """The generic chain: norm + Q/K/V, attention, o_proj + norm, SiLU gated MLP."""
     qkv, why = _qkv_group(g, gqa)
     if qkv is None:
         return [], why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipeline.checks.base import check
+from pipeline.npu.quark_config import layer_weight_spec
 
 HINT = "re-quantize with Quark: --quant_scheme uint4_wo_128 --quant_algo awq (pack_method reorder, real_quantized export)"
 
@@ -17,10 +18,13 @@ def quant_scheme(ctx):
     `quant_method` quark; weights `uint4`, `per_group`, the profile's group size
     (128 for AMD's releases), asymmetric; activations not quantized (they run
     as BFP16 on the NPU); export `pack_method` reorder and `weight_format`
-    real_quantized; `kv_cache_quant_config` empty; `lm_head` excluded or given
-    its own layer config. Both the old (algo_config object) and the new (list)
-    Quark shapes are read. A package whose config.json is `{}` is accepted
-    where the profile allows it."""
+    real_quantized; `kv_cache_quant_config` empty; `lm_head` excluded, or given
+    its own layer config: uint4 asymmetric per group, with a group size the
+    profile lists in `quantization.lm_head_group_sizes` (AMD's hybrid packages:
+    32; a profile without the list keeps lm_head float, and a quantized one is a
+    warning). Both the old (algo_config object) and the new (list) Quark shapes
+    are read. A package whose config.json is `{}` is accepted where the profile
+    allows it."""
     rules = ctx.profile["quantization"]
     cfg, q = ctx.model_config, ctx.quant_config
     if not isinstance(cfg, dict):
@@ -45,7 +49,7 @@ def quant_scheme(ctx):
         return
     yield from _weight(ctx, rules, weight, bad)
     yield from _activations_and_export(q, bad)
-    yield from _lm_head(ctx, q, bad)
+    yield from _lm_head(ctx, rules, q, bad)
 
 
 def _weight(ctx, rules, weight, bad):
@@ -80,11 +84,25 @@ def _activations_and_export(q, bad):
         yield bad("/kv_cache_quant_config", "kv_cache_quant_config is not empty; expected {} (the NPU runtime keeps the KV cache unquantized)")
 
 
-def _lm_head(ctx, q, bad):
+def _lm_head(ctx, rules, q, bad):
+    """lm_head excluded, or quantized with its own layer config the profile allows."""
     exclude = q.get("exclude") or []
     layer_cfg = q.get("layer_quant_config") or {}
     if any(e == "lm_head" or e.endswith("lm_head") or e.endswith("*lm_head") for e in exclude if isinstance(e, str)):
         return
-    if any("lm_head" in key for key in layer_cfg):
+    own = [key for key in layer_cfg if "lm_head" in key]
+    if not own:
+        yield bad("/exclude", "lm_head is neither excluded nor given its own layer_quant_config entry; it is quantized with the global uint4 config", "exclude lm_head (Quark --exclude_layers lm_head) or give it its own group size", "warning")
         return
-    yield bad("/exclude", "lm_head is neither excluded nor given its own layer_quant_config entry; it is quantized with the global uint4 config", "exclude lm_head (Quark --exclude_layers lm_head) or give it its own group size", "warning")
+    pointer = f"/layer_quant_config/{own[0]}/weight"
+    spec = layer_weight_spec(q, "lm_head")
+    want = expected_weight_dtype(rules)
+    if spec is None or spec["dtype"] != want or spec["symmetric"] is not rules["symmetric"]:
+        found = "no weight spec" if spec is None else f"{spec['dtype']} {'symmetric' if spec['symmetric'] else 'asymmetric'}"
+        yield bad(pointer, f"lm_head's own layer config is {found}; expected {want} {'symmetric' if rules['symmetric'] else 'asymmetric'} per group", '[quantize] lm_head = 32 (or "exclude") in the raipack recipe')
+        return
+    allowed = rules.get("lm_head_group_sizes") or []
+    if spec["group_size"] not in allowed:
+        where = f"allows lm_head group sizes {allowed}" if allowed else "keeps lm_head float"
+        yield bad(f"{pointer}/group_size", f"lm_head is quantized with group_size {spec['group_size']!r}; profile {ctx.profile['id']} {where}",
+                  '[quantize] lm_head = "exclude" for this release, or a group size it allows', "warning" if not allowed else None)

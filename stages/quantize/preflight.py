@@ -14,7 +14,9 @@ from typing import Any, Literal
 from pipeline.core.errors import RaipackError
 
 GroupSize = int | Literal["auto"]
+LmHead = int | Literal["exclude"]
 GROUP_SIZES = (128, 64, 32)  # the uint4_wo_<g> schemes Quark ships, preferred first
+LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "granite", "olmo2", "smollm3")  # q/k/v/o + gate/up/down
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 HINT = "fix the recipe's [quantize] options or the input model"
@@ -55,7 +57,7 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def linear_shapes(cfg: dict[str, Any]) -> list[tuple[str, int, int]] | None:
     """``(name, in_features, out_features)`` of every linear layer, from config.json alone.
 
-    Known for Llama-, Mistral-, Qwen2/3- and Phi3-shaped decoders; ``None`` for others.
+    Known for Llama-, Mistral-, Qwen2/3-, Gemma 3- and Phi3-shaped decoders; ``None`` for others.
     """
     c = text_config(cfg)
     model_type = c.get("model_type") or cfg.get("model_type")
@@ -67,7 +69,7 @@ def linear_shapes(cfg: dict[str, Any]) -> list[tuple[str, int, int]] | None:
     kv = c.get("num_key_value_heads") or heads
     head_dim = c.get("head_dim") or hidden // heads
     vocab = c.get("vocab_size") or 0
-    if model_type in ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "smollm3"):
+    if model_type in LLAMA_SHAPED:
         per_layer = [
             ("self_attn.q_proj", hidden, heads * head_dim),
             ("self_attn.k_proj", hidden, kv * head_dim),
@@ -203,3 +205,20 @@ def check_source_dir(src_dir: Path) -> list[str]:
     if pickles:
         return [f"ignoring pickle files in {src_dir}: {', '.join(pickles)} (safetensors are used)"]
     return []
+
+
+def resolve_lm_head(model_config_or_dir: Any, lm_head: Any, where: str = "config.json") -> LmHead:
+    """``"exclude"`` or the group size lm_head is quantized with; one sentence when it cannot be.
+
+    The group must be one of 128/64/32 and divide lm_head's input width (the hidden size)."""
+    if lm_head == "exclude":
+        return "exclude"
+    if isinstance(lm_head, bool) or lm_head not in GROUP_SIZES:
+        raise RaipackError(f"[quantize].lm_head is {lm_head!r}; expected \"exclude\" or one of {', '.join(map(str, GROUP_SIZES))}",
+                           'set lm_head = "exclude" (AMD\'s NPU recipe) or lm_head = 32 (AMD\'s hybrid checkpoints)')
+    hidden = text_config(read_config(model_config_or_dir)).get("hidden_size")
+    if isinstance(hidden, int) and hidden % lm_head:
+        working = [g for g in GROUP_SIZES if hidden % g == 0]
+        raise RaipackError(f"{where}: lm_head's input width (hidden_size {hidden}) is not a multiple of [quantize].lm_head = {lm_head}",
+                           f"use lm_head = {working[0]}" if working else 'use lm_head = "exclude"')
+    return lm_head

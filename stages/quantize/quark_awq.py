@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import RaipackError
-from stages.quantize.preflight import HINT, GroupSize, check_source_dir, read_config, resolve_group_size, text_config
+from stages.quantize import awq_groups
+from stages.quantize.preflight import HINT, GroupSize, LmHead, check_source_dir, read_config, resolve_group_size, resolve_lm_head, text_config
 from stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
 from stages.quantize.runtime import apply_runtime_settings, peak_rss_bytes, release_memory, reset_peak_rss
 
@@ -117,6 +118,7 @@ def quantize(
     progress: Progress | None = None,
     tune_runtime: bool = True,
     notify: Callable[[str], None] | None = None,
+    lm_head: LmHead = "exclude",
 ) -> dict[str, Any]:
     """Quantize the safetensors model in ``src_dir`` to a Quark UINT4 export in ``out_dir``.
 
@@ -126,6 +128,8 @@ def quantize(
     batch and ``"awq"``/``"gptq"`` per finished decoder layer. ``tune_runtime`` applies
     ``apply_runtime_settings()`` on CPU (off only to measure without it). ``notify`` gets
     a line while Quark waits for another build compiling its extension (default: stderr).
+    ``lm_head``: "exclude" (AMD's NPU recipe) or a group size (32, 64, 128) to quantize it
+    uint4 asymmetric with its own group, as AMD's hybrid checkpoints do (g32).
     Returns a record of the run.
     """
     start = time.perf_counter()
@@ -135,6 +139,9 @@ def quantize(
     exclude = list(exclude_layers)
     # -- cheap checks, before torch is even imported
     cfg, chosen, warns = _check_inputs(src_dir, out_dir, algorithm, dtype, group_size, exclude)
+    head = resolve_lm_head(cfg, lm_head, str(src_dir / "config.json"))
+    if head != "exclude":
+        exclude = [e for e in exclude if e != "lm_head"]
     model_type = text_config(cfg).get("model_type") or cfg.get("model_type")
 
     # before quark is imported: some of its switches are read at import time
@@ -143,15 +150,24 @@ def quantize(
 
     import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
     scheme = f"uint4_wo_{chosen}"
-    qconfig = _quark_config(src_dir, model_type, scheme, algorithm, exclude)
+    qconfig, awq_source = _quark_config(src_dir, model_type, scheme, algorithm, exclude, head)
     peak_reset = reset_peak_rss()
 
     t_load = time.perf_counter()
     batches, calibration = _calibration(src_dir, algorithm, calib_texts, num_samples, seq_len, device, progress)
     model = _load_model(src_dir, dtype, device)
+    untied = head != "exclude" and _untie_lm_head(model)
+    if untied:
+        warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
+                     "(the export says tie_word_embeddings false and carries both tables)")
     load_seconds = time.perf_counter() - t_load
     out = _quantize_and_export(model, qconfig, batches, src_dir, out_dir, cfg, progress)
     del model, batches
+    awq = None
+    if algorithm == "awq":
+        configured = awq_groups.configured_groups(model_type, qconfig.algo_config[0])
+        awq = awq_groups.summarize(configured, out["scaled"], text_config(cfg).get("num_hidden_layers"), awq_source)
+        warns += awq_groups.check_applied(awq, model_type, str(src_dir))
 
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     peak_rss = peak_rss_bytes()
@@ -162,6 +178,8 @@ def quantize(
         "group_size": chosen,
         "group_size_requested": group_size,
         "exclude_layers": exclude,
+        "lm_head": head if head == "exclude" else {"group_size": head, "scheme": f"uint4_wo_{head}", "untied_from_embedding": untied},
+        "awq": awq,
         "dtype": dtype,
         "device": device,
         "model_type": model_type,
@@ -201,18 +219,23 @@ def _check_inputs(src_dir: Path, out_dir: Path, algorithm: str, dtype: str, grou
     return cfg, chosen, warns
 
 
-def _quark_config(src_dir: Path, model_type: str | None, scheme: str, algorithm: str, exclude: list[str]) -> Any:
-    """Quark's configuration for the scheme, from its template for the architecture."""
-    from quark.torch import LLMTemplate
+def _quark_config(src_dir: Path, model_type: str | None, scheme: str, algorithm: str, exclude: list[str], lm_head: LmHead) -> tuple[Any, str | None]:
+    """Quark's configuration for the scheme, from its template for the architecture, and where AWQ's groups come from.
 
-    try:
-        template = LLMTemplate.get(model_type)
-    except ValueError:
-        raise RaipackError(
-            f"{src_dir}: Quark 0.13 has no template for model_type {model_type!r}; "
-            f"supported: {', '.join(sorted(LLMTemplate.list_available()))}", HINT
-        ) from None
-    return template.get_config(scheme=scheme, algorithm=None if algorithm == "rtn" else algorithm, kv_cache_scheme=None, exclude_layers=exclude)
+    A quantized lm_head gets its own ``uint4_wo_<g>`` layer config (Quark records it in the export's
+    ``layer_quant_config``)."""
+    template = awq_groups.template(model_type, str(src_dir))
+    algo_configs, source = None, None
+    if algorithm == "awq":
+        custom, source = awq_groups.awq_config(model_type)
+        if source == "none":
+            raise RaipackError(f"{src_dir}: neither Quark 0.13 nor raipack has AWQ scaling groups for model_type {model_type!r}, so AWQ would scale nothing",
+                               'add them to stages/quantize/data/awq.json, or use algorithm = "rtn" knowingly')
+        algo_configs = {"awq": custom} if custom is not None else None
+    layer_config = None if lm_head == "exclude" else {"lm_head": f"uint4_wo_{lm_head}"}
+    qconfig = template.get_config(scheme=scheme, algorithm=None if algorithm == "rtn" else algorithm, kv_cache_scheme=None,
+                                  exclude_layers=exclude, layer_config=layer_config, algo_configs=algo_configs)
+    return qconfig, source
 
 
 def _calibration(src_dir: Path, algorithm: str, calib_texts: list[str] | None, num_samples: int, seq_len: int, device: str,
@@ -241,6 +264,23 @@ def _load_model(src_dir: Path, dtype: str, device: str) -> Any:
     return model
 
 
+def _untie_lm_head(model: Any) -> bool:
+    """Give a tied lm_head its own weight before Quark quantizes it: Quark fake-quantizes the shared
+    parameter in place, which would leave the embedding table the token gather reads quantized too.
+    True when it was tied."""
+    import torch
+
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embed is None or head.weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    model.config.tie_word_embeddings = False
+    text = getattr(model.config, "text_config", None)
+    if text is not None and hasattr(text, "tie_word_embeddings"):
+        text.tie_word_embeddings = False
+    return True
+
+
 def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, out_dir: Path, cfg: dict, progress: Progress | None) -> dict[str, Any]:
     """Quark's quantize, freeze and export into ``out_dir`` (new or empty), then the files Quark does not write."""
     import torch
@@ -250,7 +290,7 @@ def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, 
 
     with output_folder(out_dir) as tmp:
         t_q = time.perf_counter()
-        with _report_layers(progress), torch.no_grad():
+        with _report_layers(progress), awq_groups.record_scaling() as scaled, torch.no_grad():
             quantizer = ModelQuantizer(qconfig)
             model = quantizer.quantize_model(model, batches)
             model = quantizer.freeze(model)
@@ -263,4 +303,4 @@ def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, 
         quantized = quantized_tensor_names(tmp)
         files = sorted(p.name for p in tmp.iterdir())
     del model, quantizer
-    return {"qc": qc, "copied": copied, "quantized": quantized, "files": files, "quantize_seconds": quantize_seconds, "export_seconds": export_seconds}
+    return {"qc": qc, "scaled": scaled, "copied": copied, "quantized": quantized, "files": files, "quantize_seconds": quantize_seconds, "export_seconds": export_seconds}

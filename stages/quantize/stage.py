@@ -18,6 +18,7 @@ class QuantizeConfig:
     algorithm: Literal["awq", "gptq", "rtn"] = "awq"
     group_size: int | str = "auto"  # 128, 64, 32 or "auto" (largest that divides every layer)
     exclude_layers: list[str] = field(default_factory=lambda: ["lm_head"])
+    lm_head: int | str = "exclude"  # "exclude" (AMD's NPU recipe) or 32, 64, 128: uint4 asymmetric with its own group (hybrid: 32)
     calib_data: str | None = None  # .txt or .jsonl; default: the corpus raipack ships
     num_samples: int = DEFAULT_NUM_SAMPLES
     seq_len: int = DEFAULT_SEQ_LEN
@@ -43,7 +44,7 @@ def run(job: Job) -> dict:
     texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
     report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
                       calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
-                      progress=job.progress.callback("quantize"), notify=job.progress.line)
+                      progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head)
     report["memory"] = memory  # next to the measured peak_rss_bytes
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")
@@ -55,8 +56,20 @@ def run(job: Job) -> dict:
             raise RaipackError(f"quantized perplexity {q['ppl_quantized']:.2f} is {ratio:.1%} above the source's {q['ppl_source']:.2f}, more than max_ppl_increase {cfg.max_ppl_increase:.1%}",
                                "use AWQ with more calibration samples, or relax [quantize].max_ppl_increase")
     q = report.get("quality", {})
-    report["summary"] = f"{cfg.algorithm} uint4 g{report['group_size']}, {report['layers_quantized']} linears" + (f", ppl {q['ppl_source']:.2f} → {q['ppl_quantized']:.2f}" if q else "")
+    report["summary"] = summary(cfg.algorithm, report)
     return report
+
+
+def summary(algorithm: str, report: dict) -> str:
+    """The stage line: scheme, lm_head, AWQ's scaling groups as applied, perplexity."""
+    head = report.get("lm_head", "exclude")
+    text = f"{algorithm} uint4 g{report['group_size']}, {report['layers_quantized']} linears, lm_head " + ("excluded" if head == "exclude" else f"g{head['group_size']}")
+    awq = report.get("awq")
+    if awq:
+        text += ", AWQ scaled " + "; ".join(f"{g['prev_op']} -> {'/'.join(n.rsplit('.', 1)[-1] for n in g['layers'])} x{g['decoder_layers_scaled']}"
+                                           for g in awq["scaling_groups"])
+    q = report.get("quality", {})
+    return text + (f", ppl {q['ppl_source']:.2f} → {q['ppl_quantized']:.2f}" if q else "")
 
 
 def measure(source, quantized, text: str) -> dict:
@@ -73,6 +86,13 @@ def measure(source, quantized, text: str) -> dict:
     return out
 
 
+def preflight(config: QuantizeConfig, target: dict) -> None:
+    """Refuse a bad [quantize].lm_head before any stage runs (its width is checked against the model in the stage)."""
+    from stages.quantize.preflight import resolve_lm_head
+
+    resolve_lm_head({}, config.lm_head)
+
+
 def output_profile(job: Job) -> str:
     return "quark-export"
 
@@ -87,4 +107,5 @@ STAGE = Stage(
     tools=("amd-quark", "torch", "transformers"),
     kind="quark",
     profile_keys=(),  # the release and its tiers do not change this stage's output
+    preflight=preflight,
 )

@@ -1,0 +1,176 @@
+"""The quantize stage for every issue-14 family: Quark 0.13's AWQ with AMD's recipe, the scaling groups
+AWQ applied listed in the report, and the quantized lm_head option.
+
+The models are untrained tiny stand-ins (tests/seed_models.py, train_steps=0: which groups AWQ scales
+does not depend on what the weights learned), calibrated on one window of 32 tokens to stay fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import RaipackError
+from pipeline.validate import validate
+from seed_models import FAMILIES, make_tiny_model
+from stages.quantize import awq_groups
+from stages.quantize.memory import Shape
+from stages.quantize.preflight import linear_shapes, resolve_lm_head
+from stages.quantize.quark_awq import quantize
+
+# What AWQ must scale per model type: prev_op -> linears (Quark's AWQ_MAP, or data/awq.json for qwen3).
+LLAMA_GROUPS = [("input_layernorm", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+                ("self_attn.v_proj", ["self_attn.o_proj"]),
+                ("post_attention_layernorm", ["mlp.gate_proj", "mlp.up_proj"]),
+                ("mlp.up_proj", ["mlp.down_proj"])]
+EXPECTED = {
+    "llama": LLAMA_GROUPS, "mistral": LLAMA_GROUPS, "qwen2": LLAMA_GROUPS, "qwen3": LLAMA_GROUPS,
+    "phi3": [("input_layernorm", ["self_attn.qkv_proj"]), ("self_attn.qkv_proj", ["self_attn.o_proj"]),
+             ("post_attention_layernorm", ["mlp.gate_up_proj"]), ("mlp.gate_up_proj", ["mlp.down_proj"])],
+    "gemma3_text": [LLAMA_GROUPS[0], LLAMA_GROUPS[1], ("pre_feedforward_layernorm", ["mlp.gate_proj", "mlp.up_proj"]), LLAMA_GROUPS[3]],
+}
+# one checkpoint per model type; qwen2.5 is the tied one whose lm_head is quantized (g32)
+FAMILY_RUNS = [("llama-2-7b", "exclude"), ("mistral-7b-v0.1", "exclude"), ("qwen2.5-1.5b", 32), ("qwen3-1.7b", "exclude"),
+               ("phi-4-mini", "exclude"), ("gemma-3-1b", "exclude")]
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """family -> (source folder, quantize() report, output folder), made on first use."""
+    root = tmp_path_factory.mktemp("qfam")
+    done: dict = {}
+
+    def get(family: str, lm_head="exclude"):
+        if family not in done:
+            src = make_tiny_model(family, root / family, train_steps=0)
+            out = root / f"{family}.quark"
+            done[family] = (src, quantize(src, out, num_samples=1, seq_len=32, lm_head=lm_head), out)
+        return done[family]
+
+    return get
+
+
+def _qc(out: Path) -> dict:
+    return json.loads((out / "config.json").read_text())
+
+
+@pytest.mark.parametrize("family,lm_head", FAMILY_RUNS)
+def test_awq_scales_every_group_of_the_family(quantized, family, lm_head):
+    src, report, out = quantized(family, lm_head)
+    cfg = FAMILIES[family]["config"]
+    layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    awq = report["awq"]
+    got = [(g["prev_op"], g["layers"]) for g in awq["scaling_groups"]]
+    assert got == [(p, ls) for p, ls in EXPECTED[cfg["model_type"]]]
+    assert all(g["decoder_layers_scaled"] == layers and g["decoder_layers_failed"] == 0 for g in awq["scaling_groups"]), awq
+    assert awq["linears_scaled"] == report["layers_quantized"] - (lm_head != "exclude")  # every decoder linear, not lm_head
+    assert awq["source"] == ("raipack (stages/quantize/data/awq.json)" if cfg["model_type"] == "qwen3" else "quark")
+    # AMD's recipe: uint4 asymmetric per group, the largest group that divides the widths, reorder, no KV quantization
+    qc = _qc(out)["quantization_config"]
+    weight = qc["global_quant_config"]["weight"]
+    hidden = json.loads((src / "config.json").read_text())["hidden_size"]
+    assert (weight["dtype"], weight["qscheme"], weight["symmetric"]) == ("uint4", "per_group", False)
+    assert weight["group_size"] == report["group_size"] == (128 if hidden % 128 == 0 else 64)
+    assert qc["export"]["pack_method"] == "reorder" and qc["kv_cache_quant_config"] == {}
+    assert ("lm_head" in qc["exclude"]) == (lm_head == "exclude")
+    findings = [f for f in validate(out, "quark-export").findings if f.severity in ("error", "warning")]
+    assert findings == [], [(f.check_id, f.message) for f in findings]
+
+
+def test_tied_lm_head_quantized_on_its_own_copy(quantized):
+    """Quark fake-quantizes a tied lm_head's shared parameter in place; raipack unties it first, so the
+    embedding table the token gather reads stays the source's float table."""
+    from safetensors.torch import load_file
+
+    src, report, out = quantized("qwen2.5-1.5b", 32)
+    assert json.loads((src / "config.json").read_text())["tie_word_embeddings"] is True
+    assert report["lm_head"] == {"group_size": 32, "scheme": "uint4_wo_32", "untied_from_embedding": True}
+    cfg = _qc(out)
+    assert cfg["tie_word_embeddings"] is False
+    head = cfg["quantization_config"]["layer_quant_config"]["lm_head"]["weight"]
+    assert (head["dtype"], head["group_size"], head["symmetric"]) == ("uint4", 32, False)
+    exported = {k: v for f in out.glob("*.safetensors") for k, v in load_file(f).items()}
+    source = {k: v for f in src.glob("*.safetensors") for k, v in load_file(f).items()}
+    assert exported["model.embed_tokens.weight"].equal(source["model.embed_tokens.weight"])
+    assert exported["lm_head.weight_scale"].shape[0] == cfg["hidden_size"] // 32  # one scale per 32 inputs
+
+
+def test_awq_that_scales_nothing_is_a_build_failure(quantized, tmp_path, monkeypatch):
+    src, _, _ = quantized("qwen3-1.7b")
+    wrong = {"configs": {"qwen3": {"model_decoder_layers": "model.layers", "scaling_layers": [
+        {"prev_op": "input_norm", "layers": ["attn.q"], "inp": "attn.q"}]}}, "templates": {}}
+    monkeypatch.setattr(awq_groups, "awq_data", lambda: wrong)
+    with pytest.raises(RaipackError, match="AWQ scaled no layer of this qwen3 model"):
+        quantize(src, tmp_path / "out", num_samples=1, seq_len=32)
+
+
+def test_summary_names_what_awq_scaled():
+    from stages.quantize.stage import summary
+
+    record = awq_groups.summarize([{"prev_op": "input_layernorm", "layers": ["self_attn.q_proj"]}, {"prev_op": "mlp.up_proj", "layers": ["mlp.down_proj"]}],
+                                  [("input_layernorm", ("self_attn.q_proj",), True)] * 2 + [("mlp.up_proj", ("mlp.down_proj",), False)] * 2, 2, "quark")
+    assert record["linears_scaled"] == 2
+    assert awq_groups.check_applied(record, "llama", "m") == ["AWQ scaled mlp.up_proj -> mlp.down_proj in 0 of 2 decoder layers"]
+    line = summary("awq", {"group_size": 128, "layers_quantized": 14, "lm_head": {"group_size": 32}, "awq": record})
+    assert "lm_head g32" in line and "input_layernorm -> q_proj x2" in line and "mlp.up_proj -> down_proj x0" in line
+    with pytest.raises(RaipackError, match="scaled no layer"):
+        awq_groups.check_applied(awq_groups.summarize([], [], 2, "quark"), "llama", "m")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_preflight_and_memory_know_every_family_linear(family):
+    cfg = FAMILIES[family]["config"]
+    shapes = linear_shapes(cfg)
+    assert shapes is not None, cfg["model_type"]
+    layer0 = [(n.rsplit(".", 1)[-1], fi, fo) for n, fi, fo in shapes if n.startswith("model.layers.0.")]
+    assert layer0 == Shape.from_config(cfg).linears()
+    assert len(shapes) == cfg["num_hidden_layers"] * len(layer0) + 1  # + lm_head
+
+
+def test_lm_head_option_refused_with_one_sentence():
+    assert resolve_lm_head({"hidden_size": 192}, "exclude") == "exclude"
+    assert resolve_lm_head({"hidden_size": 192}, 64) == 64
+    with pytest.raises(RaipackError, match="hidden_size 192.*not a multiple of .*128") as err:
+        resolve_lm_head({"hidden_size": 192}, 128, "m/config.json")
+    assert err.value.hint == "use lm_head = 64"
+    with pytest.raises(RaipackError, match="expected \"exclude\" or one of 128, 64, 32"):
+        resolve_lm_head({}, 48)
+
+
+def test_lm_head_enters_the_cache_key_and_recipe_schema():
+    from pipeline.build.config import config_dict, parse_config
+    from pipeline.build.recipe import RecipeError, load
+    from stages.quantize.stage import QuantizeConfig
+
+    assert load(None, {"quantize.lm_head": 32}).stages["quantize"] == {"lm_head": 32}
+    with pytest.raises(RecipeError, match="lm_head"):
+        load(None, {"quantize.lm_head": 16})
+    a = config_dict(parse_config(QuantizeConfig, {}, "[quantize]"))
+    b = config_dict(parse_config(QuantizeConfig, {"lm_head": 32}, "[quantize]"))
+    assert a["lm_head"] == "exclude" and b["lm_head"] == 32  # the stage config is what the cache key hashes
+
+
+def _head_config(group: int, symmetric: bool = False):
+    def fn(doc):
+        q = doc["quantization_config"]
+        q["exclude"] = []
+        q["layer_quant_config"] = {"lm_head": {"weight": dict(q["global_quant_config"]["weight"], group_size=group, symmetric=symmetric)}}
+    return fn
+
+
+@pytest.mark.parametrize("profile,group,symmetric,expected", [
+    ("1.8.0-hybrid", 32, False, None),           # AMD's hybrid checkpoints: lm_head g32
+    ("1.8.0-hybrid", 64, False, "error"),        # a group the profile does not list
+    ("1.8.0-npu-16K", 32, False, "warning"),     # AMD's NPU packages keep lm_head float
+    ("reference-16K", 32, False, None),          # what raipack builds with [quantize] lm_head = 32
+    ("reference-16K", 32, True, "error"),        # symmetric: not the recipe
+])
+def test_rp301_reads_lm_head_against_the_profile(make_pkg, profile, group, symmetric, expected):
+    from helpers import edit_json
+
+    pkg = make_pkg(profile)
+    edit_json(pkg / "config.json", _head_config(group, symmetric))
+    hits = [f for f in validate(pkg, profile).findings if f.check_id == "RP301"]
+    assert [f.severity for f in hits] == ([expected] if expected else []), [f.message for f in hits]
+    assert all("lm_head" in f.message and f.hint for f in hits)

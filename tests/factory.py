@@ -23,14 +23,17 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.checks.consistency import sliding_layers
 from pipeline.npu.layout import weights_sibling
 from pipeline.npu.profile import get as get_profile
+from seed_models import FAMILIES
 
 QUARK_CONFIG = {
     "algo_config": [{"name": "awq", "model_decoder_layers": "model.layers", "scaling_layers": [
@@ -59,10 +62,11 @@ class Dims:
     context_length: int = 131072
     tokenizer_vocab: int | None = None  # defaults to vocab (a tokenizer.json of that many tokens)
     group_size: int = 128
+    hidden_size: int | None = None  # where the config's head_dim is not hidden / heads (Gemma 3, Qwen3 beyond 1.7B)
 
     @property
     def hidden(self) -> int:
-        return self.heads * self.head_size
+        return self.hidden_size or self.heads * self.head_size
 
 
 LLAMA_8B = Dims(layers=32, heads=32, kv_heads=8, head_size=128, vocab=128256, intermediate=14336, tokenizer_vocab=128256)
@@ -217,6 +221,13 @@ def tokenizer_json(n: int) -> dict:
             "post_processor": None, "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "vocab": vocab, "merges": []}}
 
 
+@lru_cache(maxsize=8)
+def tokenizer_text(n: int) -> str:
+    """tokenizer_json(n) as a file's text, unindented: a real-size vocabulary (150K-260K tokens) indented
+    took a second per package."""
+    return json.dumps(tokenizer_json(n))
+
+
 # -- files -------------------------------------------------------------------
 
 def write_json(path: Path, doc) -> None:
@@ -264,7 +275,7 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: 
     if profile["genai"]["form"] != "builder" or profile["id"] == "oga-export":
         write_json(pkg / "genai_config.json", genai_config(profile, d, lay, max_length))
     write_json(pkg / "config.json", model_config(d, profile["quantization"]["config_json"] == "quark" or profile["target"] != "intermediate"))
-    write_json(pkg / "tokenizer.json", tokenizer_json(d.tokenizer_vocab or min(d.vocab, 320)))
+    (pkg / "tokenizer.json").write_text(tokenizer_text(d.tokenizer_vocab or min(d.vocab, 320)))
     write_json(pkg / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": d.context_length, "tokenizer_class": "PreTrainedTokenizerFast"})
     write_json(pkg / "generation_config.json", {"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6, "top_p": 0.9})
     if profile["target"] != "intermediate":
@@ -342,6 +353,57 @@ def write_safetensors(path: Path, tensors: dict) -> None:
 
 def lfs_pointer_text(data_size: int, oid: str = "a" * 64) -> str:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {data_size}\n"
+
+
+# -- real-size packages of the model families (tests/data/seeds.json, families.json) --
+
+def real_dims(family: str) -> Dims:
+    c = FAMILIES[family]["config"]
+    head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return Dims(layers=c["num_hidden_layers"], heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], head_size=head,
+                vocab=c["vocab_size"], intermediate=c["intermediate_size"], context_length=c["max_position_embeddings"], tokenizer_vocab=c["vocab_size"],
+                hidden_size=c["hidden_size"])
+
+
+def params(family: str) -> int:
+    c = FAMILIES[family]["config"]
+    h, i, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    head = c.get("head_dim") or h // c["num_attention_heads"]
+    attn = h * head * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2)
+    return n * (attn + 3 * h * i + 2 * h) + v * h * (1 if c["tie_word_embeddings"] else 2) + h
+
+
+def sliding_block(config: dict) -> dict | None:
+    """genai_config.json's decoder `sliding_window`, as the OGA builder writes it, for a model whose
+    window is shorter than its context (Mistral v0.1, Gemma 3); None for the others."""
+    window, local = sliding_layers(config)
+    if not local or window >= config["max_position_embeddings"]:
+        return None
+    return {"window_size": window, "slide_key_value_cache": False, "slide_inputs": False, "layers": local}
+
+
+def real_size_package(root, name: str, spec: dict) -> Path:
+    """The AMD package `name` of `spec` (its family in tests/data/seeds.json or families.json, and its
+    profile) at the real checkpoint's dimensions and config, weights files sparse."""
+    family = FAMILIES[spec["family"]]
+    n = params(spec["family"])
+    emb = family["config"]["vocab_size"] * family["config"]["hidden_size"]
+    pkg = make_package(root, spec["profile"], real_dims(spec["family"]), sparse=True, name=name,
+                       npu_bytes=(n - emb) // 2 + (n - emb) // 64,  # uint4 payload + scales and zero points
+                       data_bytes=emb * 2)  # the bfloat16 embedding stays on the CPU side
+    cfg = json.loads((pkg / "config.json").read_text())
+    write_json(pkg / "config.json", {**family["config"], "quantization_config": cfg["quantization_config"]})
+    genai = json.loads((pkg / "genai_config.json").read_text())
+    genai["model"]["type"] = family["config"]["model_type"]
+    if block := sliding_block(family["config"]):
+        genai["model"]["decoder"]["sliding_window"] = block
+    over = (get_profile(spec["profile"]).get("model_overrides") or {}).get(family["config"]["model_type"], {})
+    if chunk := over.get("genai", {}).get("search", {}).get("chunk_size"):  # the seed article's Phi-3.5 16K settings: 8192
+        genai["search"]["chunk_size"] = chunk
+        genai["model"]["decoder"]["session_options"]["provider_options"][0]["RyzenAI"]["hybrid_opt_max_seq_length"] = str(chunk)
+    write_json(pkg / "genai_config.json", genai)
+    return pkg
+
 
 
 # -- real reference packages -------------------------------------------------

@@ -6,6 +6,7 @@ from itertools import chain
 
 from pipeline.checks.base import check
 from pipeline.npu.dims import model_dims as _model_dims
+from pipeline.npu.settings import as_count as _count
 
 GENAI = "genai_config.json"
 
@@ -89,3 +90,83 @@ def special_token_ids(ctx):
                 if isinstance(tid, int) and not isinstance(tid, bool) and not 0 <= tid < size:
                     pointer = f"{base}/{key}" + (f"/{i}" if isinstance(value, list) else "")
                     yield ctx.finding(file, f"{key} is {tid}, outside the vocabulary of {size} tokens", "use the id the tokenizer gives that token", pointer)
+
+
+def _text_config(ctx) -> dict:
+    cfg = ctx.model_config if isinstance(ctx.model_config, dict) else {}
+    return cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def _decoder(ctx) -> dict:
+    model = ctx.genai.get("model") if isinstance(ctx.genai, dict) else None
+    dec = model.get("decoder") if isinstance(model, dict) else None
+    return dec if isinstance(dec, dict) else {}
+
+
+def sliding_layers(text: dict) -> tuple[int | None, list[int]]:
+    """(window, the layers that attend within it) as transformers reads config.json: `layer_types`,
+    else Gemma 3's `sliding_window_pattern` (every p-th layer global), else Qwen's `use_sliding_window`
+    from `max_window_layers` on, else every layer (Mistral v0.1)."""
+    window, n = _count(text.get("sliding_window")), _count(text.get("num_hidden_layers")) or 0
+    types, pattern = text.get("layer_types"), _count(text.get("sliding_window_pattern"))
+    if not window:
+        return None, []
+    if isinstance(types, list):
+        return window, [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    if pattern:
+        return window, [i for i in range(n) if (i + 1) % pattern]
+    if "use_sliding_window" in text:
+        start = _count(text.get("max_window_layers")) or 0
+        return window, [i for i in range(n) if text["use_sliding_window"] is True and i >= start]
+    return window, list(range(n))
+
+
+@check("RP504", "sliding-window")
+def sliding_window(ctx):
+    """Where genai_config.json gives the decoder a `sliding_window`, config.json's model has one:
+    the same `window_size` as its `sliding_window`, on the layers it makes local (`layer_types`;
+    Gemma 3's `sliding_window_pattern`, every sixth layer global; Qwen's `use_sliding_window` and
+    `max_window_layers`; every layer for Mistral v0.1). A model without a window given one attends
+    too little; a window of another size or on other layers changes every answer past it."""
+    block = _decoder(ctx).get("sliding_window")
+    if not isinstance(block, dict) or not isinstance(ctx.model_config, dict):
+        return
+    window, local = sliding_layers(_text_config(ctx))
+    pointer = "/model/decoder/sliding_window"
+    size, layers = block.get("window_size"), block.get("layers")
+    if not local:
+        yield ctx.finding(GENAI, f"sets a sliding window of {size} tokens at {pointer}, but config.json's model attends over the whole context (no sliding_window in effect)",
+                          "remove the sliding_window block, or rebuild from the checkpoint it was made for", pointer)
+    elif size != window:
+        yield ctx.finding(GENAI, f"{pointer}/window_size is {size}, but config.json's sliding_window is {window}", "rebuild the package from one checkpoint; the files come from different models", pointer + "/window_size")
+    elif isinstance(layers, list) and sorted(v for v in layers if isinstance(v, int)) != local:
+        yield ctx.finding(GENAI, f"{pointer}/layers lists {_ranges(layers)} as sliding-window layers, but config.json makes layers {_ranges(local)} local",
+                          "rebuild the package from one checkpoint; the files come from different models", pointer + "/layers")
+
+
+def _ranges(values: list) -> str:
+    shown = [str(v) for v in values[:12]]
+    return "[" + ", ".join(shown) + (", …" if len(values) > 12 else "") + "]"
+
+
+@check("RP505", "rope-dims")
+def rope_dims(ctx):
+    """LongRoPE's per-dimension factors fit the rotary part of a head: config.json's
+    `rope_scaling.long_factor` and `short_factor` hold `head_size × partial_rotary_factor / 2` values
+    (head size from genai_config.json, else config.json). Phi-4-mini rotates 96 of its 128 head
+    dimensions (factor 0.75): 48 factors, where a full rotary would take 64."""
+    text = _text_config(ctx)
+    scaling = text.get("rope_scaling")
+    if not isinstance(scaling, dict):
+        return
+    sources = dims(ctx).get("head_size", {})
+    head = next((v for v, _, _ in sources.values()), None)
+    factor = text.get("partial_rotary_factor", 1.0)
+    if not head or not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+        return
+    want = int(head * factor) // 2
+    for key in ("long_factor", "short_factor"):
+        values = scaling.get(key)
+        if isinstance(values, list) and len(values) != want:
+            yield ctx.finding("config.json", f"rope_scaling.{key} has {len(values)} values, but a head of {head} with partial_rotary_factor {factor} rotates {2 * want} dimensions: {want} expected",
+                              "rebuild the package from one checkpoint; the rope factors come from another model", f"/rope_scaling/{key}")

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from factory import Dims, make_package, write_json
+from factory import params, real_size_package, write_json
 from pipeline.npu.genai import ryzenai_options
 from pipeline.validate import validate
 from seed_models import FAMILIES, PACKAGES
@@ -20,38 +20,8 @@ from seed_models import FAMILIES, PACKAGES
 GiB = 1024**3
 
 
-def real_dims(family: str) -> Dims:
-    c = FAMILIES[family]["config"]
-    head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return Dims(layers=c["num_hidden_layers"], heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"], head_size=head,
-                vocab=c["vocab_size"], intermediate=c["intermediate_size"], context_length=c["max_position_embeddings"], tokenizer_vocab=c["vocab_size"])
-
-
-def params(family: str) -> int:
-    c = FAMILIES[family]["config"]
-    h, i, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    head = c.get("head_dim") or h // c["num_attention_heads"]
-    attn = h * head * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2)
-    return n * (attn + 3 * h * i + 2 * h) + v * h * (1 if c["tie_word_embeddings"] else 2) + h
-
-
 def seed_package(root, name: str):
-    spec = PACKAGES[name]
-    family = FAMILIES[spec["family"]]
-    n = params(spec["family"])
-    emb = family["config"]["vocab_size"] * family["config"]["hidden_size"]
-    pkg = make_package(root, spec["profile"], real_dims(spec["family"]), sparse=True, name=name,
-                       npu_bytes=(n - emb) // 2 + (n - emb) // 64,  # uint4 payload + scales and zero points
-                       data_bytes=emb * 2)  # the bfloat16 embedding stays on the CPU side
-    cfg = json.loads((pkg / "config.json").read_text())
-    write_json(pkg / "config.json", {**family["config"], "quantization_config": cfg["quantization_config"]})
-    genai = json.loads((pkg / "genai_config.json").read_text())
-    genai["model"]["type"] = family["config"]["model_type"]
-    if family["config"]["model_type"] == "phi3":  # the seed article's Phi-3.5 16K settings
-        genai["search"]["chunk_size"] = 8192
-        genai["model"]["decoder"]["session_options"]["provider_options"][0]["RyzenAI"]["hybrid_opt_max_seq_length"] = "8192"
-    write_json(pkg / "genai_config.json", genai)
-    return pkg
+    return real_size_package(root, name, PACKAGES[name])
 
 
 @pytest.mark.parametrize("name", sorted(PACKAGES))

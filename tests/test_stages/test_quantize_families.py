@@ -45,7 +45,7 @@ def quantized(tmp_path_factory):
         if family not in done:
             src = make_tiny_model(family, root / family, train_steps=0)
             out = root / f"{family}.quark"
-            done[family] = (src, quantize(src, out, num_samples=1, seq_len=32, lm_head=lm_head), out)
+            done[family] = (src, quantize(src, out, group_size="auto", num_samples=1, seq_len=32, lm_head=lm_head), out)
         return done[family]
 
     return get

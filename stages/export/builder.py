@@ -30,6 +30,8 @@ from pipeline.core.errors import RaipackError
 from pipeline.core.output import output_folder
 from pipeline.core.package import role_of
 from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
+from stages.export.families import extra_options as family_options
+from stages.export.families import patched_builder
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`
@@ -218,6 +220,7 @@ def export(
         options["nodes_to_exclude"] = ",".join(derived)
     if execution_provider == "cpu":
         options.update(CPU_FAITHFUL_OPTIONS)
+    options.update(family_options(config.get("model_type")))
     for key, value in (extra_options or {}).items():
         if isinstance(value, bool):
             value = "true" if value else "false"
@@ -237,7 +240,8 @@ def export(
             parsed = parse_extra_options(
                 None, str(quark_dir), str(out), precision, execution_provider, str(cache), kv
             )
-            create_model(None, str(quark_dir), str(out), precision, execution_provider, str(cache), **parsed)
+            with patched_builder():
+                create_model(None, str(quark_dir), str(out), precision, execution_provider, str(cache), **parsed)
             builder_seconds = time.perf_counter() - t_builder
 
             tokenizer = carry_tokenizer(quark_dir, out)

@@ -29,7 +29,9 @@ def family_matchers() -> tuple:
     its own in this package, e.g. gemma.py): matchers tried in order before `match_chain`, each
     `fn(g, gqa)` returning (groups, why) for a layer of its family and None for any other layer.
     Imported here rather than at the top so a family module may import this module's group helpers."""
-    return ()
+    from stages.fuse.graph import gemma
+
+    return (gemma.match_layer,)
 
 
 def match_chain(g: Graph, gqa) -> tuple[list[Group], str]:

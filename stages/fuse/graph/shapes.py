@@ -158,6 +158,19 @@ def _elementwise(n: _Node):
     n.same(n.ins[0][1], n.vals[0])
 
 
+def _split(n: _Node):
+    shape = n.ins[0][1]
+    axis = n.a("axis", 0) % len(shape)
+    if len(n.ins) > 1 and n.ins[1] is not None:
+        if n.vals[1] is None:
+            raise ShapeError(f"{n.name}: Split sizes are not a constant")
+        sizes = [int(x) for x in np.atleast_1d(n.vals[1])]
+    else:
+        sizes = [shape[axis] // len(n.outs)] * len(n.outs)
+    for k, size in enumerate(sizes):
+        n.put(k, n.ins[0][0], shape[:axis] + [size] + shape[axis + 1:])
+
+
 def _reduce_sum(n: _Node):
     shape = n.ins[0][1]
     if len(n.ins) > 1 and n.ins[1] is not None:
@@ -235,7 +248,7 @@ RULES = {
     "Constant": _constant, "Shape": _shape, "Gather": _gather, "Reshape": _reshape, "Unsqueeze": _squeeze, "Squeeze": _squeeze,
     "Concat": _concat, "GatherBlockQuantized": _gather_block_quantized, "Cast": _cast,
     **dict.fromkeys(_ARITH, _arith), **dict.fromkeys(_COMPARE, _compare),
-    **dict.fromkeys(("Sigmoid", "Identity", "Relu", "Tanh", "Neg", "Erf", "Softmax"), _elementwise),
+    **dict.fromkeys(("Sigmoid", "Identity", "Relu", "Tanh", "Neg", "Erf", "Softmax", "Gelu"), _elementwise), "Split": _split,
     "ReduceSum": _reduce_sum, "Transpose": _transpose, "MatMul": _matmul, "MatMulNBits": _matmul_nbits,
     "SimplifiedLayerNormalization": _rms_norm, "SkipSimplifiedLayerNormalization": _rms_norm,
     "GroupQueryAttention": _group_query_attention, "If": _if,

@@ -127,16 +127,23 @@ def sliding_window(ctx):
     the same `window_size` as its `sliding_window`, on the layers it makes local (`layer_types`;
     Gemma 3's `sliding_window_pattern`, every sixth layer global; Qwen's `use_sliding_window` and
     `max_window_layers`; every layer for Mistral v0.1). A model without a window given one attends
-    too little; a window of another size or on other layers changes every answer past it."""
+    too little; a window of another size or on other layers changes every answer past it. A window
+    at least as long as the model's context (Phi-4-mini's 262144), or one on no layer, is none."""
     block = _decoder(ctx).get("sliding_window")
     if not isinstance(block, dict) or not isinstance(ctx.model_config, dict):
         return
-    window, local = sliding_layers(_text_config(ctx))
+    text = _text_config(ctx)
+    window, local = sliding_layers(text)
+    context = _count(text.get("max_position_embeddings"))
+    if window and context and window >= context:  # Phi-4-mini's 262144: no window within its context
+        window, local = None, []
     pointer = "/model/decoder/sliding_window"
     size, layers = block.get("window_size"), block.get("layers")
+    in_effect = _count(size) and (not context or size < context) and layers != []
     if not local:
-        yield ctx.finding(GENAI, f"sets a sliding window of {size} tokens at {pointer}, but config.json's model attends over the whole context (no sliding_window in effect)",
-                          "remove the sliding_window block, or rebuild from the checkpoint it was made for", pointer)
+        if in_effect:
+            yield ctx.finding(GENAI, f"sets a sliding window of {size} tokens at {pointer}, but config.json's model attends over the whole context (no sliding_window in effect)",
+                              "remove the sliding_window block, or rebuild from the checkpoint it was made for", pointer)
     elif size != window:
         yield ctx.finding(GENAI, f"{pointer}/window_size is {size}, but config.json's sliding_window is {window}", "rebuild the package from one checkpoint; the files come from different models", pointer + "/window_size")
     elif isinstance(layers, list) and sorted(v for v in layers if isinstance(v, int)) != local:

@@ -129,3 +129,18 @@ def test_family_package_layout_validates_at_real_size_and_its_family_fault_fails
     fault(pkg)
     errors = [f for f in validate(pkg).findings if f.severity == "error"]
     assert check_id in {f.check_id for f in errors}, (fault.__doc__, [(f.check_id, f.message) for f in errors])
+
+
+@pytest.mark.parametrize(("name", "layers", "fails"), [
+    ("Phi-4-mini-instruct_rai_1.8.0_npu_4K", [], False),  # the OGA builder's block for Phi-4-mini's 262144 window: no window in effect
+    ("Mistral-7B-v0.1_rai_1.8.0_npu_4K", [], True),  # its block for Mistral v0.1 (no layer_types): the window on no layer, config.json's on all
+])
+def test_a_window_block_on_no_layer_is_held_to_the_config(tmp_path, name, layers, fails):
+    spec = FAMILY_PACKAGES[name]
+    pkg = real_size_package(tmp_path, name, spec)
+    window = FAMILIES[spec["family"]]["config"]["sliding_window"]
+    edit(pkg / "genai_config.json", lambda doc: decoder(doc).update(sliding_window={"window_size": window, "slide_key_value_cache": False, "slide_inputs": False, "layers": layers}))
+    found = [f for f in validate(pkg).findings if f.check_id == "RP504"]
+    assert bool(found) == fails, found
+    if fails:
+        assert "lists [] as sliding-window layers" in found[0].message and "[0, 1, 2" in found[0].message

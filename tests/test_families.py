@@ -1,0 +1,150 @@
+"""Issue 14's model families, built: a tiny model of each through every stage, for both NPU profiles.
+
+Each family AMD publishes NPU packages of (tests/data/families.json: Qwen2.5, DeepSeek-R1-Distill-Qwen,
+Qwen3, Mistral v0.1 with its sliding window and v0.3 without, Phi-4-mini, Gemma 3, and Llama-2 as the
+guard of the Llama-shaped variants) is built by `raipack build` (the runner, in process) from a tiny
+model with the real checkpoint's config shape, with AWQ, for 1.8.0-npu-16K and 1.8.0-npu-4K from one
+model and one stage cache (quantize and export run once per family). The package must validate with
+no finding at all; the smoke stage must show the reference runtime matching the unfused export at
+every prefill tier up to 1024; a prompt crossing a chunk boundary (on a copy tuned to 256-token
+chunks) and, for the sliding-window families, a prompt past the 192-token window must match too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.build.recipe import load
+from pipeline.build.runner import build
+from pipeline.npu import profile as profiles
+from pipeline.validate import validate
+from seed_models import FAMILY_PACKAGES, make_tiny_model, tiny_config
+from shared_fixtures import TRAIN_TEXT
+
+pytestmark = pytest.mark.seeds
+FAMILIES = ["qwen2.5-1.5b", "deepseek-r1-distill-qwen-1.5b", "qwen3-1.7b", "mistral-7b-v0.1", "mistral-7b-v0.3",
+            "phi-4-mini", "gemma-3-1b", "llama-2-7b"]
+PROFILES = ["1.8.0-npu-16K", "1.8.0-npu-4K"]
+SMOKE_MAX_TIER = 1024
+# the tiny windows (192) the prefill tiers pass; Phi-4-mini's 262144 and Qwen's unused ones are no window
+SLIDING = [f for f in FAMILIES if (tiny_config(f).get("sliding_window") or SMOKE_MAX_TIER) < SMOKE_MAX_TIER and tiny_config(f).get("use_sliding_window", True)]
+CHUNK = 256  # a prefill tier of both profiles; the prompt below crosses it
+MODELS: dict[str, Path] = {}
+TIMES_ENV = "RAIPACK_FAMILY_TIMES"  # a file to append each build's seconds to
+
+
+def model_name(family: str) -> str:
+    """The AMD folder name's model part (families.json `packages`)."""
+    return next(name.split("_rai_")[0] for name, spec in FAMILY_PACKAGES.items() if spec["family"] == family)
+
+
+def package_name(family: str, profile_id: str) -> str:
+    return f"{model_name(family)}_rai_{profile_id.replace('-', '_')}"
+
+
+def by_family(cases):
+    """One xdist group per family (make test runs --dist loadgroup): its model and stage cache are built once."""
+    return [pytest.param(*case, marks=pytest.mark.xdist_group(case[0]), id="-".join(case)) for case in cases]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """(family, profile) → BuildResult, built on first use (one tiny model and stage cache per family)."""
+    out: dict = {}
+    root = tmp_path_factory.mktemp("families")
+
+    def get(family: str, profile_id: str):
+        if (family, profile_id) not in out:
+            start = time.perf_counter()
+            if family not in MODELS:
+                MODELS[family] = make_tiny_model(family, root / "models" / family, train_steps=40)
+            made = time.perf_counter() - start
+            recipe = load(None, {"model": str(MODELS[family]), "name": model_name(family), "profile": profile_id,
+                                 "output": str(root / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64,
+                                 "smoke.max_tier": SMOKE_MAX_TIER})
+            out[family, profile_id] = result = build(recipe, cache_root=root / "cache" / family)
+            if os.environ.get(TIMES_ENV):  # docs/measurements/families.md: where a family's build time goes
+                with open(os.environ[TIMES_ENV], "a") as fh:
+                    fh.write(json.dumps({"family": family, "profile": profile_id, "model": round(made, 2),
+                                         **{s.name: round(s.seconds, 2) for s in result.stages}}) + "\n")
+        return out[family, profile_id]
+
+    return get
+
+
+def stage(result, name: str):
+    return next(s for s in result.stages if s.name == name)
+
+
+def prompt_ids(pkg: Path, n: int) -> list[int]:
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(pkg / "tokenizer.json")).encode(TRAIN_TEXT * 4).ids
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def matches_export(result, pkg: Path, prompt: list[int], new: int = 12):
+    """(reference runtime tokens, export tokens, the runtime) for one prompt, the export chunked alike."""
+    from pipeline.runtime.ortloop import OrtDecoder
+    from pipeline.runtime.reference import ReferenceRuntime
+
+    rt = ReferenceRuntime(pkg, threads=2)
+    want, _ = OrtDecoder(Path(stage(result, "export").path), threads=2).greedy(prompt, new, chunk_size=rt.chunk_size if rt.chunked else None)
+    return list(rt.generate(prompt, new)), list(want), rt
+
+
+@pytest.mark.parametrize(("family", "profile_id"), by_family([(f, p) for f in FAMILIES for p in PROFILES]))
+def test_family_builds_validates_clean_and_matches_its_export(built, family, profile_id):
+    result = built(family, profile_id)
+    pkg = Path(result.package)
+    assert pkg.name == package_name(family, profile_id)
+    check = validate(pkg)
+    assert check.profile == profiles.reference_for(profiles.get(profile_id))["id"], check.profile_reason
+    assert [(f.check_id, f.severity, f.message) for f in check.findings if f.severity in ("error", "warning", "advice")] == []
+    assert not validate(pkg, profile_id).failed()
+
+    smoke = stage(result, "smoke").report
+    target = profiles.for_model(profiles.get(profile_id), tiny_config(family)["model_type"])
+    assert smoke["device"] == "cpu-reference" and smoke["finite"] and smoke["tokens_match_export"]
+    assert [t["tier"] for t in smoke["tiers"]] == [t for t in target["buckets"]["prefill"] if t <= SMOKE_MAX_TIER]
+    assert all(t["tokens_match_export"] and t["finite"] for t in smoke["tiers"])
+
+    quantize = stage(result, "quantize").report
+    assert quantize["algorithm"] == "awq"
+    awq = quantize["awq"]  # AWQ that scales nothing is round-to-nearest under AWQ's name
+    assert awq["scaling_groups"] and awq["linears_scaled"] > 0
+    assert all(g["decoder_layers_scaled"] == awq["decoder_layers"] for g in awq["scaling_groups"]), awq["scaling_groups"]
+
+
+@pytest.mark.parametrize(("family", "profile_id"), by_family([(f, "1.8.0-npu-16K") for f in FAMILIES]))
+def test_prompt_across_a_chunk_boundary_matches_the_export(built, family, profile_id, tmp_path):
+    """A copy tuned by `raipack tune --chunk-size 256`; a 300-token prompt is two prefill calls."""
+    from pipeline import tune
+
+    result = built(family, profile_id)
+    pkg = tmp_path / Path(result.package).name
+    shutil.copytree(result.package, pkg)
+    plan = tune.plan(pkg, None, None, CHUNK)
+    assert any(change[0] == "search.chunk_size" and change[2] == CHUNK for change in plan.changes), plan.changes
+    tune.apply(plan)
+    got, want, rt = matches_export(result, pkg, prompt_ids(pkg, 300))
+    assert rt.chunk_size == CHUNK and len([c for c in rt.calls if c[0] == "prefill"]) == 2
+    assert got == want
+
+
+@pytest.mark.parametrize(("family", "profile_id"), by_family([(f, p) for f in SLIDING for p in PROFILES]))
+def test_run_past_the_sliding_window_matches_the_export(built, family, profile_id):
+    """The tiny models' window is 192 tokens: a 400-token prompt and its answer attend past it."""
+    window = tiny_config(family)["sliding_window"]
+    result = built(family, profile_id)
+    pkg = Path(result.package)
+    got, want, rt = matches_export(result, pkg, prompt_ids(pkg, 400), new=16)
+    assert rt.filled > 2 * window
+    assert got == want

@@ -9,7 +9,8 @@ the file behind and every later import waits for it forever.
 
 So raipack imports Quark only through :func:`import_quark`, which
 
-1. serialises raipack's own imports with an ``flock`` on
+1. unless the extension is already built (its ``.so`` there and no ``lock``: the import only
+   loads it), serialises raipack's own imports with an ``flock`` on
    ``quark_hw_emulation_stable_abi.raipack.lock`` beside the build folder (the kernel
    drops an flock when its process dies, so this lock is never stale), waiting at most
    ``timeout`` seconds and saying so after a few;
@@ -157,6 +158,24 @@ def build_lock(build_dir: Path, timeout: float = TIMEOUT, say: Say | None = _std
         os.close(fd)  # releases the flock
 
 
+def built(build_dir: Path) -> bool:
+    """The extension is compiled and no compile is under way or was left half done: importing
+    Quark only loads it, so other builds need not wait for this one."""
+    return (build_dir / f"{EXTENSION}.so").is_file() and not (build_dir / "lock").exists()
+
+
+@contextmanager
+def _guard(build_dir: Path, timeout: float, say: Say | None) -> Iterator[float]:
+    """raipack's lock around the import when it may compile; none when the extension is built
+    (holding it across a 20-60 s import made parallel builds queue past ``timeout``). A compile
+    torch still decides on then is guarded by its own lock, whose wait stays bounded."""
+    if built(build_dir):
+        yield time.monotonic() + timeout
+        return
+    with build_lock(build_dir, timeout, say) as deadline:
+        yield deadline
+
+
 def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
     """``import quark.torch`` (compiling its extension when needed) within ``timeout``
     seconds, or a one-sentence error; see the module docstring."""
@@ -167,7 +186,7 @@ def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
     import torch.utils.cpp_extension as cpp_extension
 
     build_dir = extension_dir()
-    with build_lock(build_dir, timeout, say) as deadline:
+    with _guard(build_dir, timeout, say) as deadline:
         failure: list[RaipackError] = []
 
         class BoundedBaton(cpp_extension.FileBaton):

@@ -112,6 +112,37 @@ def test_another_raipack_build_is_waited_for_within_the_bound(tmp_path, monkeypa
         pass
 
 
+@pytest.mark.parametrize("state", ["built", "half-built"])
+def test_a_built_extension_is_imported_without_waiting_for_other_builds(tmp_path, monkeypatch, state):
+    """Another build importing Quark (holding raipack's lock for its 20-60 s import) does not hold this
+    one up once the extension is compiled; a folder with a leftover lock still goes through the lock."""
+    import importlib
+
+    import torch.utils.cpp_extension  # noqa: F401  (imported before import_module is replaced)
+
+    build = tmp_path / "ext" / quark_lock.EXTENSION
+    build.mkdir(parents=True)
+    (build / f"{quark_lock.EXTENSION}.so").write_bytes(b"\x7fELF")
+    if state == "half-built":
+        (build / "lock").write_bytes(b"")
+    monkeypatch.delitem(sys.modules, "quark.torch", raising=False)
+    monkeypatch.setattr(quark_lock, "extension_dir", lambda: build)
+    monkeypatch.setattr(importlib, "import_module", lambda name: "quark module")
+    proc = holder(FLOCK, build.parent / f"{build.name}.raipack.lock", 60)
+    t0 = time.monotonic()
+    try:
+        if state == "built":
+            assert quark_lock.import_quark(timeout=1.0, say=None) == "quark module"
+        else:
+            with pytest.raises(RaipackError, match="another raipack build held"):
+                quark_lock.import_quark(timeout=1.0, say=None)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert time.monotonic() - t0 < (0.9 if state == "built" else 5)
+    assert quark_lock.built(build) is (state == "built")
+
+
 def test_a_dead_lock_is_recognised_without_waiting(tmp_path):
     build = half_built(tmp_path)
     t0 = time.monotonic()

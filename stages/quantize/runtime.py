@@ -102,14 +102,28 @@ def apply_runtime_settings(threads: int | None = None) -> dict[str, Any]:
     }
 
 
-def release_memory() -> None:
-    """Give the memory the tuned allocator kept back to the system (after a run)."""
+# After a run the process goes on (fuse and smoke in `raipack build`, more builds in a test worker):
+# glibc's own behaviour comes back, so big temporaries are mapped and unmapped again and freed heap
+# is returned. Kept tuned, a worker that ran several builds held 10-12 GiB it no longer used, and
+# two of them beside the end-to-end build ran a 24 GiB machine out of memory.
+AFTER_MMAP_THRESHOLD = 32 << 20  # the top of glibc's dynamic threshold on 64-bit
+AFTER_TRIM_THRESHOLD = 64 << 20
+AFTER_TOP_PAD = 128 << 10  # glibc's default
+
+
+def release_memory() -> bool:
+    """Give the memory the tuned allocator kept back to the system and stop keeping it (after a
+    run, also a failed one); True when glibc's settings were restored."""
     import gc
 
     gc.collect()
     libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    if libc is None:
+        return False
+    restored = all(libc.mallopt(param, value) == 1 for param, value in (
+        (_M_MMAP_THRESHOLD, AFTER_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, AFTER_TRIM_THRESHOLD), (_M_TOP_PAD, AFTER_TOP_PAD)))
+    libc.malloc_trim(0)
+    return restored
 
 
 def reset_peak_rss() -> bool:

@@ -21,7 +21,7 @@ from stages.quantize.calibration import (
 )
 from stages.quantize.preflight import GroupSizeError, check_group_size, resolve_group_size
 from stages.quantize.quark_awq import quantize
-from stages.quantize.runtime import apply_runtime_settings, runtime_env
+from stages.quantize.runtime import apply_runtime_settings, release_memory, runtime_env
 
 
 def config_of(path: Path) -> dict:
@@ -176,6 +176,39 @@ def test_runtime_settings(monkeypatch):
 
 # ----------------------------------------------------------------- Quark on the tiny model
 
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc are Linux's")
+def test_release_memory_ends_the_allocator_tuning(monkeypatch):
+    """After a quantize run the process goes on: freed memory must go back to the system, not stay
+    with the heap as AWQ's tuning keeps it (a test worker grew to 12 GiB that way)."""
+    import ctypes
+
+    for key in runtime_env():
+        monkeypatch.delenv(key, raising=False)
+    import torch
+
+    before = torch.get_num_threads()
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 256 << 20
+
+    def rss() -> int:
+        return next(int(line.split()[1]) << 10 for line in open("/proc/self/status") if line.startswith("VmRSS:"))
+
+    try:
+        apply_runtime_settings(threads=1)
+    finally:
+        torch.set_num_threads(before)
+    assert release_memory() is True
+    start = rss()
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    held = rss()
+    libc.free(block)
+    assert held - start > size * 0.9  # the block was touched
+    assert held - rss() > size * 0.9  # and given back when freed
 
 def _check_export(out: Path, group: int, algo_name: str | None) -> dict:
     from safetensors import safe_open

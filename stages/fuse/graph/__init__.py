@@ -11,6 +11,7 @@ groups and replaces each with one node of the domain `ai.raipack`:
 | fused op            | members in the OGA graph                                              |
 |---------------------|-----------------------------------------------------------------------|
 | `RMSNormQKV`        | `SimplifiedLayerNormalization` (layer 0) + the Q/K/V `MatMulNBits`     |
+|                     | (+ the bias `Add` after each, when the model has q/k/v biases: Qwen2)  |
 | `SkipRMSNormQKV`    | `SkipSimplifiedLayerNormalization` (residual add + norm) + Q/K/V ones |
 | `GQARope`           | `GroupQueryAttention` (rotary inside, `do_rotary=1`)                 |
 | `OProjSkipRMSNorm`  | o_proj `MatMulNBits` + `SkipSimplifiedLayerNormalization`             |

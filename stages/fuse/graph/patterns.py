@@ -51,14 +51,59 @@ def match_chain(g: Graph, gqa) -> tuple[list[Group], str]:
     return groups, ""
 
 
+def _projection(g: Graph, name: str) -> tuple:
+    """(MatMulNBits, bias Add or None) producing `name`: the projection, or its output plus a bias
+    initializer (Qwen2's q/k/v biases, written by the builder as an Add after the MatMulNBits)."""
+    add = g.prod(name, "Add")
+    if add is None:
+        return g.prod(name, "MatMulNBits"), None
+    for x, b in (add.input[:2], add.input[1::-1]):
+        mm = g.prod(x, "MatMulNBits")
+        if mm is not None and b in g.inits and len(g.consumers[x]) == 1:
+            return mm, add
+    return None, None
+
+
+def _head_norm(g: Graph, name: str) -> tuple[str, list]:
+    """(the tensor a per-head RMS norm reads, its three nodes) when `name` is the output of one: Qwen3's
+    q/k norms, written by the builder as Reshape to heads, SimplifiedLayerNormalization, Reshape back;
+    (`name`, []) when it is not."""
+    back = g.prod(name, "Reshape")
+    norm = g.prod(back.input[0], "SimplifiedLayerNormalization") if back is not None else None
+    to_heads = g.prod(norm.input[0], "Reshape") if norm is not None else None
+    if to_heads is None or any(len(g.consumers[n.output[0]]) != 1 for n in (to_heads, norm)):
+        return name, []
+    return to_heads.input[0], [to_heads, norm, back]
+
+
+def _packed_split(g: Graph, sources: list[str]):
+    """The Split node whose three outputs are `sources` (the builder splits a packed Q/K/V projection
+    when per-head q/k norms follow it), else None."""
+    split = g.prod(sources[0], "Split") if len(sources) == 3 else None
+    return split if split is not None and list(split.output[:3]) == sources else None
+
+
 def _qkv_group(g: Graph, gqa) -> tuple[Group | None, str]:
+    """The norm and Q/K/V projections feeding the attention, with the optional members between them
+    and the attention: bias Adds (Qwen2), a Split of the packed projection and per-head q/k norms (Qwen3)."""
     q, k, v = (list(gqa.input) + ["", "", ""])[:3]
-    if k == "" and v == "":
-        projs, plabels = [g.prod(q, "MatMulNBits")], ["qkv"]
-    else:
-        projs, plabels = [g.prod(x, "MatMulNBits") for x in (q, k, v)], ["q", "k", "v"]
+    names, plabels = ([q], ["qkv"]) if k == "" and v == "" else ([q, k, v], ["q", "k", "v"])
+    after, alabels = [], []  # members after the projections, in graph order
+    sources = []
+    for name, label in zip(names, plabels):
+        src, chain = _head_norm(g, name)
+        sources.append(src)
+        after += chain
+        alabels += [f"{label}_norm_in", f"{label}_norm", f"{label}_norm_out"] if chain else []
+    split = _packed_split(g, sources)
+    if split is not None:
+        sources, plabels = [split.input[0]], ["qkv"]
+        after, alabels = [split] + after, ["split"] + alabels
+    found = [_projection(g, x) for x in sources]
+    projs = [p for p, _ in found]
     if any(p is None for p in projs):
-        return None, "the attention input is not produced by MatMulNBits projections"
+        return None, "the attention input is not produced by MatMulNBits projections (with or without a bias Add)"
+    biases = [(add, f"{label}_bias") for (_, add), label in zip(found, plabels) if add is not None]
     if len({p.input[0] for p in projs}) != 1:
         return None, "the Q/K/V projections do not share one input"
     norm = g.prod(projs[0].input[0], ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"))
@@ -66,7 +111,9 @@ def _qkv_group(g: Graph, gqa) -> tuple[Group | None, str]:
         return None, "the Q/K/V projections are not fed by an RMS norm"
     skip = norm.op_type == "SkipSimplifiedLayerNormalization"
     qkv_type = ("SkipRMSNormQKV" if skip else "RMSNormQKV") + ("" if len(projs) == 1 else "Split")
-    return (qkv_type, [norm] + projs, ["norm"] + plabels), ""
+    members = [norm] + projs + [a for a, _ in biases] + after
+    labels = ["norm"] + plabels + [label for _, label in biases] + alabels
+    return (qkv_type, members, labels), ""
 
 
 def _o_proj_group(g: Graph, gqa) -> tuple[Group | None, str]:

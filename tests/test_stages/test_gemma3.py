@@ -56,6 +56,7 @@ def test_every_layer_fused_and_the_package_validates_clean(gemma, profile):
                                                      "lm_head in float (kept on the CPU, as Quark excluded it)"}
     check = validate(Path(result.package))
     assert check.findings == []  # no error, warning or advice (RP907's CPU fallback included)
+    assert not validate(Path(result.package), profile).failed()  # and as AMD's release profile
     smoke = stage(result, "smoke").report
     assert smoke["device"] == "cpu-reference" and smoke["tokens_match_export"]
     tiers = [t["tier"] for t in smoke["tiers"]]

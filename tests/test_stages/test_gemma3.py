@@ -27,7 +27,7 @@ pytestmark = pytest.mark.xdist_group("gemma3")
 FAMILY = "gemma-3-4b"
 PROFILES = ["1.8.0-npu-16K", "1.8.0-npu-4K"]
 SMOKE_MAX_TIER = 1024
-FUSED = {"RMSNormQKV": 1, "SkipRMSNormQKV": 5, "QKNormGQARope": 6, "OProjSandwichRMSNorm": 6, "GeluGatedMLPRMSNorm": 6}
+FUSED = {"RMSNormQKV": 1, "SkipRMSNormQKV": 5, "GQARope": 6, "OProjSandwichRMSNorm": 6, "GeluGatedMLPRMSNorm": 6}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_sliding_and_global_layers_keep_their_window_and_rope(gemma):
     window, pattern = cfg["sliding_window"], cfg["sliding_window_pattern"]
     pkg = Path(gemma[PROFILES[0]].package)
     graph = onnx.load(str(pkg / "model.onnx"), load_external_data=False).graph
-    attn = sorted((n for n in graph.node if n.op_type == "QKNormGQARope"), key=lambda n: int(n.name.rsplit("_", 1)[1]))
+    attn = sorted((n for n in graph.node if n.op_type == "GQARope"), key=lambda n: int(n.name.rsplit("_", 1)[1]))
     got = [(helper.get_attribute_value(next(a for a in n.attribute if a.name == "attn_local_window_size")), next(i for i in n.input if i.startswith("cos_cache")))
            for n in attn]
     want = [(-1, "cos_cache_global") if (k + 1) % pattern == 0 else (window, "cos_cache_local") for k in range(cfg["num_hidden_layers"])]

@@ -13,15 +13,19 @@ Gemma 3 (`Gemma3ForCausalLM`, model_type `gemma3_text`):
   package has one static buffer of max_length positions per layer, so `windowed_kv_cache` is off and
   GroupQueryAttention's `local_window_size` alone keeps the window.
 
-`patched_builder()` swaps the builder's class for the fixed one while `create_model` runs.
+Mistral v0.1's sliding window: stages/export/mistral.py.
+
+`patched_builder()` swaps the builder's classes for the fixed ones while `create_model` runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+from stages.export import mistral
+
 # builder extra options per model_type (the caller's own options win)
-EXTRA_OPTIONS = {"gemma3_text": {"windowed_kv_cache": "false"}}
+EXTRA_OPTIONS = {"gemma3_text": {"windowed_kv_cache": "false"}, **mistral.EXTRA_OPTIONS}
 
 
 def flat_rope(config) -> None:
@@ -65,10 +69,12 @@ def patched_builder():
     """The builder module with the fixed family classes in place of its own, restored afterwards."""
     from onnxruntime_genai.models import builder
 
-    name, cls = _gemma3_class()
-    saved = getattr(builder, name)
-    setattr(builder, name, cls)
+    fixed = dict([_gemma3_class(), mistral.mistral_class()])
+    saved = {name: getattr(builder, name) for name in fixed}
+    for name, cls in fixed.items():
+        setattr(builder, name, cls)
     try:
         yield
     finally:
-        setattr(builder, name, saved)
+        for name, cls in saved.items():
+            setattr(builder, name, cls)

@@ -161,13 +161,16 @@ def quantize(
         warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
                      "(the export says tie_word_embeddings false and carries both tables)")
     load_seconds = time.perf_counter() - t_load
-    out = _quantize_and_export(model, qconfig, batches, src_dir, out_dir, cfg, progress)
-    del model, batches
-    awq = None
-    if algorithm == "awq":
+
+    def awq_record(scaled: list) -> dict:  # before freeze and export: AWQ that scaled nothing writes nothing
         configured = awq_groups.configured_groups(model_type, qconfig.algo_config[0])
-        awq = awq_groups.summarize(configured, out["scaled"], text_config(cfg).get("num_hidden_layers"), awq_source)
-        warns += awq_groups.check_applied(awq, model_type, str(src_dir))
+        record = awq_groups.summarize(configured, scaled, text_config(cfg).get("num_hidden_layers"), awq_source)
+        warns.extend(awq_groups.check_applied(record, model_type, str(src_dir)))
+        return record
+
+    out = _quantize_and_export(model, qconfig, batches, src_dir, out_dir, cfg, progress, awq_record if algorithm == "awq" else None)
+    del model, batches
+    awq = out["awq"]
 
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     peak_rss = peak_rss_bytes()
@@ -281,8 +284,10 @@ def _untie_lm_head(model: Any) -> bool:
     return True
 
 
-def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, out_dir: Path, cfg: dict, progress: Progress | None) -> dict[str, Any]:
-    """Quark's quantize, freeze and export into ``out_dir`` (new or empty), then the files Quark does not write."""
+def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, out_dir: Path, cfg: dict, progress: Progress | None,
+                         awq_record: Callable[[list], dict] | None = None) -> dict[str, Any]:
+    """Quark's quantize, freeze and export into ``out_dir`` (new or empty), then the files Quark does not write.
+    ``awq_record`` gets the groups AWQ scaled right after quantization and may refuse them (nothing is written then)."""
     import torch
     from quark.torch import ModelQuantizer, export_safetensors
 
@@ -293,6 +298,7 @@ def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, 
         with _report_layers(progress), awq_groups.record_scaling() as scaled, torch.no_grad():
             quantizer = ModelQuantizer(qconfig)
             model = quantizer.quantize_model(model, batches)
+            awq = awq_record(scaled) if awq_record else None
             model = quantizer.freeze(model)
         quantize_seconds = time.perf_counter() - t_q
         t_e = time.perf_counter()
@@ -303,4 +309,4 @@ def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, 
         quantized = quantized_tensor_names(tmp)
         files = sorted(p.name for p in tmp.iterdir())
     del model, quantizer
-    return {"qc": qc, "scaled": scaled, "copied": copied, "quantized": quantized, "files": files, "quantize_seconds": quantize_seconds, "export_seconds": export_seconds}
+    return {"qc": qc, "awq": awq, "copied": copied, "quantized": quantized, "files": files, "quantize_seconds": quantize_seconds, "export_seconds": export_seconds}

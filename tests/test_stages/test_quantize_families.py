@@ -1,17 +1,26 @@
 """The quantize stage for every issue-14 family: Quark 0.13's AWQ with AMD's recipe, the scaling groups
-AWQ applied listed in the report, and the quantized lm_head option.
+AWQ applied listed in the report, and the quantized lm_head option through every stage.
 
-The models are untrained tiny stand-ins (tests/seed_models.py, train_steps=0: which groups AWQ scales
-does not depend on what the weights learned), calibrated on one window of 32 tokens to stay fast."""
+Quark runs on one tiny model per distinct set of AWQ scaling groups: Qwen2.5 (Quark's Llama-shaped
+groups, the same for llama, mistral and qwen2; built end to end with lm_head = 32), Qwen3 (raipack's
+groups, data/awq.json), Phi-4-mini (packed qkv / gate_up) and Gemma 3 (pre_feedforward_layernorm).
+That every family's groups are applied in every layer of a build is tests/test_families.py's.
+The models are untrained (which groups AWQ scales does not depend on what the weights learned) but
+the built one, trained a few steps so the smoke stage's greedy tokens are not a tie-break; AWQ
+calibrates on one window of 32 tokens. Every Quark case is in one xdist group: one worker imports
+Quark once and makes each model once.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from pipeline.core.errors import RaipackError
+from pipeline.npu import profile as profiles
 from pipeline.validate import validate
 from seed_models import FAMILIES, make_tiny_model
 from stages.quantize import awq_groups
@@ -19,6 +28,7 @@ from stages.quantize.memory import Shape
 from stages.quantize.preflight import linear_shapes, resolve_lm_head
 from stages.quantize.quark_awq import quantize
 
+QUARK = pytest.mark.xdist_group("quark-families")
 # What AWQ must scale per model type: prev_op -> linears (Quark's AWQ_MAP, or data/awq.json for qwen3).
 LLAMA_GROUPS = [("input_layernorm", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
                 ("self_attn.v_proj", ["self_attn.o_proj"]),
@@ -30,22 +40,57 @@ EXPECTED = {
              ("post_attention_layernorm", ["mlp.gate_up_proj"]), ("mlp.gate_up_proj", ["mlp.down_proj"])],
     "gemma3_text": [LLAMA_GROUPS[0], LLAMA_GROUPS[1], ("pre_feedforward_layernorm", ["mlp.gate_proj", "mlp.up_proj"]), LLAMA_GROUPS[3]],
 }
-# one checkpoint per model type; qwen2.5 is the tied one whose lm_head is quantized (g32)
-FAMILY_RUNS = [("llama-2-7b", "exclude"), ("mistral-7b-v0.1", "exclude"), ("qwen2.5-1.5b", 32), ("qwen3-1.7b", "exclude"),
-               ("phi-4-mini", "exclude"), ("gemma-3-1b", "exclude")]
+BUILT = "qwen2.5-1.5b"  # tied embeddings: its lm_head is quantized (g32) on its own copy, built for 1.8.0-npu-16K
+QUANTIZED = ["qwen3-1.7b", "phi-4-mini", "gemma-3-1b"]
+PROFILE = "1.8.0-npu-16K"
+SMOKE_MAX_TIER = 256
 
 
 @pytest.fixture(scope="module")
-def quantized(tmp_path_factory):
-    """family -> (source folder, quantize() report, output folder), made on first use."""
+def models(tmp_path_factory):
+    """family -> its tiny model folder, made on first use."""
+    root = tmp_path_factory.mktemp("qfam-models")
+    made: dict = {}
+
+    def get(family: str) -> Path:
+        if family not in made:
+            made[family] = make_tiny_model(family, root / family, train_steps=8 if family == BUILT else 0)
+        return made[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def built_lm_head_32(models, tmp_path_factory):
+    """The BuildResult of the Qwen2.5 stand-in with [quantize] lm_head = 32, through every stage."""
+    from pipeline.build.recipe import load
+    from pipeline.build.runner import build
+
+    root = tmp_path_factory.mktemp("qfam-build")
+    recipe = load(None, {"model": str(models(BUILT)), "name": "Qwen2.5-tiny-lmhead-g32", "profile": PROFILE, "output": str(root / "build"),
+                         "quantize.lm_head": 32, "quantize.num_samples": 1, "quantize.seq_len": 32, "smoke.max_tier": SMOKE_MAX_TIER})
+    return build(recipe, cache_root=root / "cache")
+
+
+def _stage(result, name: str):
+    return next(s for s in result.stages if s.name == name)
+
+
+@pytest.fixture(scope="module")
+def quantized(models, request, tmp_path_factory):
+    """family -> (source folder, quantize report, Quark export folder): the build's quantize stage for
+    Qwen2.5, quantize() with lm_head excluded for the others."""
     root = tmp_path_factory.mktemp("qfam")
     done: dict = {}
 
-    def get(family: str, lm_head="exclude"):
+    def get(family: str):
         if family not in done:
-            src = make_tiny_model(family, root / family, train_steps=0)
-            out = root / f"{family}.quark"
-            done[family] = (src, quantize(src, out, group_size="auto", num_samples=1, seq_len=32, lm_head=lm_head), out)
+            if family == BUILT:
+                stage = _stage(request.getfixturevalue("built_lm_head_32"), "quantize")
+                done[family] = (models(family), stage.report, Path(stage.path))
+            else:
+                out = root / f"{family}.quark"
+                done[family] = (models(family), quantize(models(family), out, group_size="auto", num_samples=1, seq_len=32), out)
         return done[family]
 
     return get
@@ -55,9 +100,23 @@ def _qc(out: Path) -> dict:
     return json.loads((out / "config.json").read_text())
 
 
-@pytest.mark.parametrize("family,lm_head", FAMILY_RUNS)
-def test_awq_scales_every_group_of_the_family(quantized, family, lm_head):
-    src, report, out = quantized(family, lm_head)
+@QUARK
+@pytest.mark.parametrize("model_type", sorted({spec["config"]["model_type"] for spec in FAMILIES.values()}))
+def test_awq_groups_configured_for_every_model_type(model_type):
+    """Every family's model type has AWQ scaling groups (Quark's or raipack's), the expected ones."""
+    from pipeline.core.quark_import import import_quark
+
+    import_quark()
+    config, source = awq_groups.awq_config(model_type)
+    assert source == ("raipack (stages/quantize/data/awq.json)" if model_type == "qwen3" else "quark")
+    assert [(g["prev_op"], g["layers"]) for g in awq_groups.configured_groups(model_type, config)] == EXPECTED[model_type]
+
+
+@QUARK
+@pytest.mark.parametrize("family", [BUILT, *QUANTIZED])
+def test_awq_scales_every_group_of_the_family(quantized, family):
+    src, report, out = quantized(family)
+    lm_head = 32 if family == BUILT else "exclude"
     cfg = FAMILIES[family]["config"]
     layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
     awq = report["awq"]
@@ -78,12 +137,13 @@ def test_awq_scales_every_group_of_the_family(quantized, family, lm_head):
     assert findings == [], [(f.check_id, f.message) for f in findings]
 
 
+@QUARK
 def test_tied_lm_head_quantized_on_its_own_copy(quantized):
     """Quark fake-quantizes a tied lm_head's shared parameter in place; raipack unties it first, so the
     embedding table the token gather reads stays the source's float table."""
     from safetensors.torch import load_file
 
-    src, report, out = quantized("qwen2.5-1.5b", 32)
+    src, report, out = quantized(BUILT)
     assert json.loads((src / "config.json").read_text())["tie_word_embeddings"] is True
     assert report["lm_head"] == {"group_size": 32, "scheme": "uint4_wo_32", "untied_from_embedding": True}
     cfg = _qc(out)
@@ -94,15 +154,50 @@ def test_tied_lm_head_quantized_on_its_own_copy(quantized):
     source = {k: v for f in src.glob("*.safetensors") for k, v in load_file(f).items()}
     assert exported["model.embed_tokens.weight"].equal(source["model.embed_tokens.weight"])
     assert exported["lm_head.weight_scale"].shape[0] == cfg["hidden_size"] // 32  # one scale per 32 inputs
+    assert math.isfinite(report["quality"]["ppl_quantized"])  # the export with its quantized head reloads in transformers
 
 
-def test_awq_that_scales_nothing_is_a_build_failure(quantized, tmp_path, monkeypatch):
-    src, _, _ = quantized("qwen3-1.7b")
+@QUARK
+def test_lm_head_32_through_every_stage(built_lm_head_32):
+    """[quantize] lm_head = 32 for 1.8.0-npu-16K: the package validates clean, the fused graph computes the
+    logits with a QMatMul of block 32 (not a float MatMul on the CPU), the reference runtime matches the
+    unfused export at every tier up to SMOKE_MAX_TIER, and the build records the setting."""
+    import onnx
+
+    result = built_lm_head_32
+    pkg = Path(result.package)
+    check = validate(pkg)
+    assert check.profile == "reference-16K", check.profile_reason
+    assert [(f.check_id, f.severity, f.message) for f in check.findings if f.severity in ("error", "warning", "advice")] == []
+
+    graph = onnx.load(str(pkg / "model.onnx"), load_external_data=False).graph
+    head = next(n for n in graph.node if "logits" in n.output)
+    assert head.op_type == "QMatMul", (head.op_type, head.name)
+    op = json.loads((pkg / "cache" / f"{head.name}_meta.json").read_text())["op_list"][0]
+    assert (op["name"].endswith("/lm_head"), op["attrs"]["bits"], op["attrs"]["block_size"]) == (True, 4, 32)
+
+    smoke = _stage(result, "smoke").report
+    tiers = [t for t in profiles.get(PROFILE)["buckets"]["prefill"] if t <= SMOKE_MAX_TIER]
+    assert smoke["tokens_match_export"] and [t["tier"] for t in smoke["tiers"]] == tiers and len(tiers) > 2
+    assert all(t["tokens_match_export"] and t["finite"] for t in smoke["tiers"])
+
+    report = json.loads((pkg / "report.json").read_text())
+    quantize_report = next(s["report"] for s in report["stages"] if s["name"] == "quantize")
+    assert quantize_report["lm_head"]["group_size"] == 32 and "lm_head g32" in quantize_report["summary"]
+    stage_manifest = json.loads((Path(_stage(result, "quantize").path) / "manifest.json").read_text())
+    assert stage_manifest["stage"]["config"]["lm_head"] == 32  # what the quantize stage's cache key hashed
+    assert _qc(pkg)["quantization_config"]["layer_quant_config"]["lm_head"]["weight"]["group_size"] == 32
+
+
+@QUARK
+def test_awq_that_scales_nothing_is_a_build_failure(models, tmp_path, monkeypatch):
+    """Refused right after AWQ, before anything is exported: no round-to-nearest model under AWQ's name."""
     wrong = {"configs": {"qwen3": {"model_decoder_layers": "model.layers", "scaling_layers": [
         {"prev_op": "input_norm", "layers": ["attn.q"], "inp": "attn.q"}]}}, "templates": {}}
     monkeypatch.setattr(awq_groups, "awq_data", lambda: wrong)
     with pytest.raises(RaipackError, match="AWQ scaled no layer of this qwen3 model"):
-        quantize(src, tmp_path / "out", num_samples=1, seq_len=32)
+        quantize(models("qwen3-1.7b"), tmp_path / "out", num_samples=1, seq_len=32)
+    assert not (tmp_path / "out").exists()
 
 
 def test_summary_names_what_awq_scaled():

@@ -1,11 +1,11 @@
 """An oracle for the sliding window that does not come from the pipeline itself.
 
 The smoke stage compares the fused package with the unfused export, which cannot catch a window both
-lack. Here the export of a tiny Mistral v0.1 (window 192, every layer sliding) is compared with the
-transformers model itself, both in float32: a prompt well past the window must give the same logits at
-every position and the same greedy tokens. The same export with its attention's `local_window_size`
-set back to -1 (what the builder wrote before stages/export/mistral.py) must fail that comparison past
-the window and only there.
+lack. Here the builder's export of a tiny Mistral v0.1 (window 192 on every layer) and of a tiny Gemma 3
+(window 192 on 5 local layers, 1 global) is compared with the transformers model itself, both in
+float32: a prompt well past the window must give the same logits at every position and the same greedy
+tokens. The same export with its attention's `local_window_size` set back to -1 (what the builder wrote
+for Mistral before stages/export/mistral.py) must fail that comparison past the window and only there.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import pytest
 
 from seed_models import make_tiny_model, tiny_config
 
-FAMILY = "mistral-7b-v0.1"
+FAMILIES = ["mistral-7b-v0.1", "gemma-3-4b"]
 PROMPT = 300  # tokens: past the tiny window of 192, inside one 512 prefill
 NEW = 8  # greedy tokens after the prompt
 ATOL = 1e-4  # float32 export vs float32 transformers (measured: 1.4e-6); the window's absence costs far more (asserted)
 
 
-def fp32_export(src: Path, out: Path) -> Path:
+def fp32_export(family: str, src: Path, out: Path) -> Path:
     """The builder's float32 CPU export of `src` with raipack's family fixes, as the export stage runs it."""
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
     from stages.export.families import extra_options, patched_builder
 
-    kv = [f"{k}={v}" for k, v in extra_options(tiny_config(FAMILY)["model_type"]).items()]
+    kv = [f"{k}={v}" for k, v in extra_options(tiny_config(family)["model_type"]).items()]
     parsed = parse_extra_options(None, str(src), str(out), "fp32", "cpu", str(out / ".cache"), kv)
     with patched_builder():
         create_model(None, str(src), str(out), "fp32", "cpu", str(out / ".cache"), **parsed)
@@ -59,13 +59,14 @@ def without_window(folder: Path, out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory):
-    """(HF model folder, its float32 export, token ids of a prompt past the window)."""
-    root = tmp_path_factory.mktemp("sliding-window")
-    src = make_tiny_model(FAMILY, root / "hf", train_steps=0)  # random weights: logits compared, not text
-    ids = np.random.default_rng(0).integers(3, tiny_config(FAMILY)["vocab_size"], PROMPT).tolist()
-    return src, fp32_export(src, root / "export"), ids
+def expected_windows(src: Path) -> list[int]:
+    """local_window_size per layer as transformers masks them: the window on sliding layers, else -1
+    (a config with a window and no layer_types, as Mistral v0.1's, slides on every layer)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(src))
+    types = getattr(config, "layer_types", None) or ["sliding_attention"] * config.num_hidden_layers
+    return [config.sliding_window if t == "sliding_attention" else -1 for t in types]
 
 
 def transformers_run(src: Path, ids: list[int]):
@@ -88,10 +89,13 @@ def export_run(folder: Path, ids: list[int]):
     return dec.logits(ids), tokens
 
 
-def test_the_export_keeps_the_window_transformers_applies(mistral, tmp_path):
-    src, export, ids = mistral
-    window = tiny_config(FAMILY)["sliding_window"]
-    assert attention_windows(export) == [window] * tiny_config(FAMILY)["num_hidden_layers"]
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_export_keeps_the_window_transformers_applies(family, tmp_path):
+    src = make_tiny_model(family, tmp_path / "hf", train_steps=0)  # random weights: logits compared, not text
+    export = fp32_export(family, src, tmp_path / "export")
+    ids = np.random.default_rng(0).integers(3, tiny_config(family)["vocab_size"], PROMPT).tolist()
+    window = tiny_config(family)["sliding_window"]
+    assert window < PROMPT and attention_windows(export) == expected_windows(src) and window in expected_windows(src)
 
     want, want_tokens = transformers_run(src, ids)
     got, tokens = export_run(export, ids)

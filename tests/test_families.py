@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,6 @@ SMOKE_MAX_TIER = 1024
 # the tiny windows (192) the prefill tiers pass; Phi-4-mini's 262144 and Qwen's unused ones are no window
 SLIDING = [f for f in FAMILIES if (tiny_config(f).get("sliding_window") or SMOKE_MAX_TIER) < SMOKE_MAX_TIER and tiny_config(f).get("use_sliding_window", True)]
 CHUNK = 256  # a prefill tier of both profiles; the prompt below crosses it
-MODELS: dict[str, Path] = {}
 TIMES_ENV = "RAIPACK_FAMILY_TIMES"  # a file to append each build's seconds to
 
 
@@ -48,27 +48,51 @@ def package_name(family: str, profile_id: str) -> str:
     return f"{model_name(family)}_rai_{profile_id.replace('-', '_')}"
 
 
-def by_family(cases):
+# Known gaps, each failing until fixed (strict xfail) and then to be removed.
+KNOWN = {("phi-4-mini", "1.8.0-npu-16K"): "RP006 advises against the 8192-token prompts that 1.8.0-npu-16K's phi3 override "
+         "(chunk_size and hybrid_opt_max_seq_length 8192, AMD's Phi-3.5 settings) lets through, above Ryzen AI 1.8.0's "
+         "max_prompt_length 4096: the profile's override and the advice disagree (the Phi-3.5 seed build gets the same advice)"}
+
+
+def by_family(cases, known: dict | None = None):
     """One xdist group per family (make test runs --dist loadgroup): its model and stage cache are built once."""
-    return [pytest.param(*case, marks=pytest.mark.xdist_group(case[0]), id="-".join(case)) for case in cases]
+    return [pytest.param(*case, id="-".join(case), marks=[pytest.mark.xdist_group(case[0])] + (
+        [pytest.mark.xfail(strict=True, reason=known[case])] if case in (known or {}) else [])) for case in cases]
+
+
+@contextmanager
+def locked(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """(family, profile) → BuildResult, built on first use (one tiny model and stage cache per family)."""
+    """(family, profile) → BuildResult, built on first use. The tiny model and the stage cache of a
+    family are shared by the xdist workers (their temp folders' parent) under a lock per family, so
+    quantize and export run once per family even where the scheduler splits a family's tests
+    (pytest-xdist 3.8 here does not keep an xdist_group on one worker); packages go to each
+    worker's own output folder."""
     out: dict = {}
-    root = tmp_path_factory.mktemp("families")
+    own = tmp_path_factory.getbasetemp()
+    shared = own.parent / "families" if os.environ.get("PYTEST_XDIST_WORKER") else own / "families"
 
     def get(family: str, profile_id: str):
         if (family, profile_id) not in out:
-            start = time.perf_counter()
-            if family not in MODELS:
-                MODELS[family] = make_tiny_model(family, root / "models" / family, train_steps=40)
-            made = time.perf_counter() - start
-            recipe = load(None, {"model": str(MODELS[family]), "name": model_name(family), "profile": profile_id,
-                                 "output": str(root / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64,
-                                 "smoke.max_tier": SMOKE_MAX_TIER})
-            out[family, profile_id] = result = build(recipe, cache_root=root / "cache" / family)
+            with locked(shared / f"{family}.lock"):
+                start = time.perf_counter()
+                model = shared / "models" / family
+                if not (model / "config.json").is_file():
+                    make_tiny_model(family, shared / "models" / f".{family}.partial", train_steps=40).rename(model)
+                made = time.perf_counter() - start
+                recipe = load(None, {"model": str(model), "name": model_name(family), "profile": profile_id,
+                                     "output": str(own / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64,
+                                     "smoke.max_tier": SMOKE_MAX_TIER})
+                out[family, profile_id] = result = build(recipe, cache_root=shared / "cache" / family)
             if os.environ.get(TIMES_ENV):  # docs/measurements/families.md: where a family's build time goes
                 with open(os.environ[TIMES_ENV], "a") as fh:
                     fh.write(json.dumps({"family": family, "profile": profile_id, "model": round(made, 2),
@@ -100,7 +124,7 @@ def matches_export(result, pkg: Path, prompt: list[int], new: int = 12):
     return list(rt.generate(prompt, new)), list(want), rt
 
 
-@pytest.mark.parametrize(("family", "profile_id"), by_family([(f, p) for f in FAMILIES for p in PROFILES]))
+@pytest.mark.parametrize(("family", "profile_id"), by_family([(f, p) for f in FAMILIES for p in PROFILES], KNOWN))
 def test_family_builds_validates_clean_and_matches_its_export(built, family, profile_id):
     result = built(family, profile_id)
     pkg = Path(result.package)

@@ -149,6 +149,8 @@ CASES = [
     ("tokenizer-too-big", P16, _json("config.json", lambda d: d.__setitem__("vocab_size", 100)) , "RP502", "error", ""),
     ("eos-outside-vocab", P16, _json(GENAI, lambda d: d["model"].__setitem__("eos_token_id", [2, 99999])), "RP503", "error", GENAI),
     ("pad-outside-vocab", P16, _json("generation_config.json", lambda d: d.__setitem__("pad_token_id", -1)), "RP503", "error", "generation_config.json"),
+    ("window-the-model-lacks", P16, _json(GENAI, lambda d: d["model"]["decoder"].__setitem__("sliding_window", {"window_size": 64, "layers": [0, 1]})), "RP504", "error", GENAI),
+    ("longrope-factors-of-a-full-rotary", P16, _json("config.json", lambda d: d.update(partial_rotary_factor=0.75, rope_scaling={"type": "longrope", "long_factor": [1.0] * 16, "short_factor": [1.0] * 12})), "RP505", "error", "config.json"),
     ("metastate-orphan", P16_OLD, _rm("dd_metastate_Llm_Token_MatMulNBits_0_0.state"), "RP601", "error", "dd_metastate_Llm_Token_MatMulNBits_0_0"),
     ("metastate-sibling", P16_OLD, _rm("dd_metastate_Llm_Token_MatMulNBits_1_0.fconst"), "RP601", "error", "dd_metastate_Llm_Token_MatMulNBits_1_0.fconst"),
     ("no-metastate", P16, lambda p: [f.unlink() for f in p.glob("dd_metastate_*")], "RP601", "error", "dd_metastate_"),

@@ -11,11 +11,14 @@ groups and replaces each with one node of the domain `ai.raipack`:
 | fused op            | members in the OGA graph                                              |
 |---------------------|-----------------------------------------------------------------------|
 | `RMSNormQKV`        | `SimplifiedLayerNormalization` (layer 0) + the Q/K/V `MatMulNBits`     |
-|                     | (+ the bias `Add` after each, when the model has q/k/v biases: Qwen2)  |
+|                     | (+ the bias `Add` after each, when the model has q/k/v biases: Qwen2;  |
+|                     | + the `Split` and per-head q/k RMS norms: Qwen3, Gemma 3)              |
 | `SkipRMSNormQKV`    | `SkipSimplifiedLayerNormalization` (residual add + norm) + Q/K/V ones |
 | `GQARope`           | `GroupQueryAttention` (rotary inside, `do_rotary=1`)                 |
 | `OProjSkipRMSNorm`  | o_proj `MatMulNBits` + `SkipSimplifiedLayerNormalization`             |
 | `SiluGatedMLP`      | gate/up `MatMulNBits`, `Sigmoid`, two `Mul`, down `MatMulNBits`        |
+| `OProjSandwichRMSNorm` | Gemma 3: o_proj + post-attention norm + pre-feedforward skip norm  |
+| `GeluGatedMLPRMSNorm`  | Gemma 3: gate/up, `Gelu` (tanh), `Mul`, down + post-feedforward norm |
 | `QMatMul`           | any other `MatMulNBits` (a quantized lm_head)                          |
 
 (`...Split` variants take separate Q, K and V projections.) Each fused op type is also an ONNX

@@ -46,22 +46,23 @@ class FusedNode:
 
     def npu_ops(self) -> list[dict]:
         """The node's parts in AMD's op vocabulary, each with its own in/const/out arguments
-        (const arguments by role; the SiLU gated MLP is one FlatMLP)."""
+        (const arguments by role; a gated MLP, SiLU or GeLU-tanh, is one FlatMLP)."""
         role_of = {name: role for role, name in self.weights}
         ops = []
         for node, label in zip(self.members, self.labels):
-            if node.op_type in ("Sigmoid", "Mul"):
+            if node.op_type in ("Sigmoid", "Mul", "Gelu", "FastGelu"):  # the MLP's activation: FlatMLP's attribute
                 continue
             ops.append({"name": f"{self.name}/{label}", "type": NPU_OP.get(node.op_type, node.op_type),
                         "in_args": [i for i in node.input if i and i not in role_of],
                         "const_args": [role_of[i] for i in node.input if i in role_of],
                         "out_args": [o for o in node.output if o],
                         "attrs": {a.name: attr_value(a) for a in node.attribute}})
-        if self.op_type.startswith("SiluGatedMLP"):
-            gate, up, down = ops
+        if self.op_type.startswith(("SiluGatedMLP", "GeluGatedMLP")):
+            (gate, up, down), rest = ops[:3], ops[3:]  # rest: Gemma's post-feedforward norm
+            activation = "silu" if self.op_type.startswith("Silu") else "gelu_tanh"
             ops = [{"name": f"{self.name}/mlp", "type": "FlatMLP", "in_args": gate["in_args"],
                     "const_args": gate["const_args"] + up["const_args"] + down["const_args"], "out_args": down["out_args"],
-                    "attrs": {"activation": "silu", "gate": gate["attrs"], "up": up["attrs"], "down": down["attrs"]}}]
+                    "attrs": {"activation": activation, "gate": gate["attrs"], "up": up["attrs"], "down": down["attrs"]}}, *rest]
         return ops
 
 

@@ -20,9 +20,9 @@ def quant_scheme(ctx):
     as BFP16 on the NPU); export `pack_method` reorder and `weight_format`
     real_quantized; `kv_cache_quant_config` empty; `lm_head` excluded, or given
     its own layer config: uint4 asymmetric per group, with a group size the
-    profile lists in `quantization.lm_head_group_sizes` (AMD's hybrid packages:
-    32; a profile without the list keeps lm_head float, and a quantized one is a
-    warning). Both the old (algo_config object) and the new (list) Quark shapes
+    profile lists in `quantization.lm_head_group_sizes` (AMD's packages: 32, as
+    older Quark wrote for the hybrid and some NPU packages; a profile without the
+    list keeps lm_head float, and a quantized one is a warning). Both the old (algo_config object) and the new (list) Quark shapes
     are read. A package whose config.json is `{}` is accepted where the profile
     allows it."""
     rules = ctx.profile["quantization"]

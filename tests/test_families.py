@@ -88,7 +88,7 @@ def built(tmp_path_factory):
                     make_tiny_model(family, shared / "models" / f".{family}.partial", train_steps=40).rename(model)
                 made = time.perf_counter() - start
                 recipe = load(None, {"model": str(model), "name": model_name(family), "profile": profile_id,
-                                     "output": str(own / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64,
+                                     "output": str(own / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64, "quantize.quality": False,
                                      "smoke.max_tier": SMOKE_MAX_TIER})
                 out[family, profile_id] = result = build(recipe, cache_root=shared / "cache" / family)
             if os.environ.get(TIMES_ENV):  # docs/measurements/families.md: where a family's build time goes

@@ -51,7 +51,7 @@ def built(tmp_path_factory):
             if family not in MODELS:
                 MODELS[family] = make_tiny_model(family, root / "models" / family)
             recipe = load(None, {"model": str(MODELS[family]), "name": model_name(name), "profile": spec["profile"],
-                                 "output": str(root / "build"), "quantize.num_samples": 4, "quantize.seq_len": 64,
+                                 "output": str(root / "build"), "quantize.num_samples": 4, "quantize.seq_len": 64, "quantize.quality": False,
                                  "smoke.max_tier": SMOKE_MAX_TIER})
             out[name] = build(recipe, cache_root=root / "cache")
         return out[name]

@@ -41,7 +41,9 @@ EXPECTED = {
     "gemma3_text": [LLAMA_GROUPS[0], LLAMA_GROUPS[1], ("pre_feedforward_layernorm", ["mlp.gate_proj", "mlp.up_proj"]), LLAMA_GROUPS[3]],
 }
 BUILT = "qwen2.5-1.5b"  # tied embeddings: its lm_head is quantized (g32) on its own copy, built for 1.8.0-npu-16K
-QUANTIZED = ["qwen3-1.7b", "phi-4-mini", "gemma-3-1b"]
+# Other families' AWQ runs are the family matrix's (tests/test_families.py asserts every group applied in
+# every layer of every family's build); here only the Qwen2.5 build's, with its quantized lm_head.
+QUANTIZED: list[str] = []
 PROFILE = "1.8.0-npu-16K"
 SMOKE_MAX_TIER = 256
 

@@ -97,13 +97,10 @@ def record_scaling() -> Iterator[list[tuple[str, tuple[str, ...], bool]]]:
 def summarize(configured: list[dict[str, Any]], seen: list[tuple[str, tuple[str, ...], bool]], decoder_layers: int | None,
               source: str) -> dict[str, Any]:
     """The report's ``awq`` record: per configured group, in how many decoder layers AWQ scaled it."""
+    known = [(g["prev_op"], tuple(g["layers"])) for g in configured]
+    extra = sorted({(p, ls) for p, ls, _ in seen} - set(known))  # defensive: groups Quark found itself
     groups = []
-    for g in configured:
-        key = (g["prev_op"], tuple(g["layers"]))
-        hits = [ok for prev, layers, ok in seen if (prev, layers) == key]
-        groups.append({**g, "decoder_layers_scaled": sum(hits), "decoder_layers_failed": len(hits) - sum(hits)})
-    known = {(g["prev_op"], tuple(g["layers"])) for g in configured}
-    for prev, layers in sorted({(p, ls) for p, ls, _ in seen} - known):  # defensive: groups Quark found itself
+    for prev, layers in known + extra:
         hits = [ok for p, ls, ok in seen if (p, ls) == (prev, layers)]
         groups.append({"prev_op": prev, "layers": list(layers), "decoder_layers_scaled": sum(hits), "decoder_layers_failed": len(hits) - sum(hits)})
     return {"source": source, "decoder_layers": decoder_layers, "scaling_groups": groups,

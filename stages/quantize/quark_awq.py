@@ -146,64 +146,66 @@ def quantize(
 
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}
-    from pipeline.core.quark_import import import_quark
+    try:  # the allocator tuning ends with this call, also a failed one
+        from pipeline.core.quark_import import import_quark
 
-    import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
-    scheme = f"uint4_wo_{chosen}"
-    qconfig, awq_source = _quark_config(src_dir, model_type, scheme, algorithm, exclude, head)
-    peak_reset = reset_peak_rss()
+        import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
+        scheme = f"uint4_wo_{chosen}"
+        qconfig, awq_source = _quark_config(src_dir, model_type, scheme, algorithm, exclude, head)
+        peak_reset = reset_peak_rss()
 
-    t_load = time.perf_counter()
-    batches, calibration = _calibration(src_dir, algorithm, calib_texts, num_samples, seq_len, device, progress)
-    model = _load_model(src_dir, dtype, device)
-    untied = head != "exclude" and _untie_lm_head(model)
-    if untied:
-        warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
-                     "(the export says tie_word_embeddings false and carries both tables)")
-    load_seconds = time.perf_counter() - t_load
+        t_load = time.perf_counter()
+        batches, calibration = _calibration(src_dir, algorithm, calib_texts, num_samples, seq_len, device, progress)
+        model = _load_model(src_dir, dtype, device)
+        untied = head != "exclude" and _untie_lm_head(model)
+        if untied:
+            warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
+                         "(the export says tie_word_embeddings false and carries both tables)")
+        load_seconds = time.perf_counter() - t_load
 
-    def awq_record(scaled: list) -> dict:  # before freeze and export: AWQ that scaled nothing writes nothing
-        configured = awq_groups.configured_groups(model_type, qconfig.algo_config[0])
-        record = awq_groups.summarize(configured, scaled, text_config(cfg).get("num_hidden_layers"), awq_source)
-        warns.extend(awq_groups.check_applied(record, model_type, str(src_dir)))
-        return record
+        def awq_record(scaled: list) -> dict:  # before freeze and export: AWQ that scaled nothing writes nothing
+            configured = awq_groups.configured_groups(model_type, qconfig.algo_config[0])
+            record = awq_groups.summarize(configured, scaled, text_config(cfg).get("num_hidden_layers"), awq_source)
+            warns.extend(awq_groups.check_applied(record, model_type, str(src_dir)))
+            return record
 
-    out = _quantize_and_export(model, qconfig, batches, src_dir, out_dir, cfg, progress, awq_record if algorithm == "awq" else None)
-    del model, batches
-    awq = out["awq"]
+        out = _quantize_and_export(model, qconfig, batches, src_dir, out_dir, cfg, progress, awq_record if algorithm == "awq" else None)
+        del model, batches
+        awq = out["awq"]
 
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    peak_rss = peak_rss_bytes()
-    release_memory()
-    return {
-        "algorithm": algorithm,
-        "scheme": scheme,
-        "group_size": chosen,
-        "group_size_requested": group_size,
-        "exclude_layers": exclude,
-        "lm_head": head if head == "exclude" else {"group_size": head, "scheme": f"uint4_wo_{head}", "untied_from_embedding": untied},
-        "awq": awq,
-        "dtype": dtype,
-        "device": device,
-        "model_type": model_type,
-        "layers_quantized": len(out["quantized"]),
-        "decoder_layers": text_config(cfg).get("num_hidden_layers"),
-        "calibration": calibration,
-        "quant_method": out["qc"].get("quant_method"),
-        "copied_files": out["copied"],
-        "files": out["files"],
-        "warnings": warns,
-        "seconds": round(time.perf_counter() - start, 2),
-        "seconds_load": round(load_seconds, 2),
-        "seconds_quantize": round(out["quantize_seconds"], 2),
-        "seconds_export": round(out["export_seconds"], 2),
-        "cpu_user_seconds": round(ru1.ru_utime - ru0.ru_utime, 2),
-        "cpu_system_seconds": round(ru1.ru_stime - ru0.ru_stime, 2),
-        "peak_rss_bytes": peak_rss,
-        "peak_rss_scope": "this call" if peak_reset else "process lifetime",
-        "runtime": {k: v for k, v in runtime.items() if k != "env"},
-        "versions": versions(),
-    }
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        peak_rss = peak_rss_bytes()
+        return {
+            "algorithm": algorithm,
+            "scheme": scheme,
+            "group_size": chosen,
+            "group_size_requested": group_size,
+            "exclude_layers": exclude,
+            "lm_head": head if head == "exclude" else {"group_size": head, "scheme": f"uint4_wo_{head}", "untied_from_embedding": untied},
+            "awq": awq,
+            "dtype": dtype,
+            "device": device,
+            "model_type": model_type,
+            "layers_quantized": len(out["quantized"]),
+            "decoder_layers": text_config(cfg).get("num_hidden_layers"),
+            "calibration": calibration,
+            "quant_method": out["qc"].get("quant_method"),
+            "copied_files": out["copied"],
+            "files": out["files"],
+            "warnings": warns,
+            "seconds": round(time.perf_counter() - start, 2),
+            "seconds_load": round(load_seconds, 2),
+            "seconds_quantize": round(out["quantize_seconds"], 2),
+            "seconds_export": round(out["export_seconds"], 2),
+            "cpu_user_seconds": round(ru1.ru_utime - ru0.ru_utime, 2),
+            "cpu_system_seconds": round(ru1.ru_stime - ru0.ru_stime, 2),
+            "peak_rss_bytes": peak_rss,
+            "peak_rss_scope": "this call" if peak_reset else "process lifetime",
+            "runtime": {k: v for k, v in runtime.items() if k != "env"},
+            "versions": versions(),
+        }
+    finally:
+        release_memory()
 
 
 def _check_inputs(src_dir: Path, out_dir: Path, algorithm: str, dtype: str, group_size: GroupSize, exclude: list[str]) -> tuple[dict, int, list[str]]:

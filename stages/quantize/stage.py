@@ -34,7 +34,6 @@ def run(job: Job) -> dict:
     from pipeline.data import heldout_text
     from stages.quantize.calibration import read_texts
     from stages.quantize.quark_awq import quantize
-    from stages.quantize.runtime import release_memory
 
     cfg: QuantizeConfig = job.config
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
@@ -43,12 +42,9 @@ def run(job: Job) -> dict:
     from stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
     memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
     texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
-    try:
-        report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
-                          calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
-                          progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head)
-    finally:  # the allocator tuning for AWQ ends with the run, also a failed one
-        release_memory()
+    report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
+                      calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
+                      progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head)
     report["memory"] = memory  # next to the measured peak_rss_bytes
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")

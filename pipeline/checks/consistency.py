@@ -6,6 +6,7 @@ from itertools import chain
 
 from pipeline.checks.base import check
 from pipeline.npu.dims import model_dims as _model_dims
+from pipeline.npu.dims import text_config
 from pipeline.npu.settings import as_count as _count
 
 GENAI = "genai_config.json"
@@ -93,8 +94,7 @@ def special_token_ids(ctx):
 
 
 def _text_config(ctx) -> dict:
-    cfg = ctx.model_config if isinstance(ctx.model_config, dict) else {}
-    return cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return text_config(ctx.model_config)
 
 
 def _decoder(ctx) -> dict:

@@ -24,8 +24,7 @@ def model_dims(genai, model_config) -> dict[str, dict[str, tuple[int, str, str]]
     for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("head_size", "head_size"), ("hidden", "hidden_size")):
         put(dim, "genai_config", dec.get(key), GENAI, f"/model/decoder/{key}")
     put("vocab", "genai_config", model.get("vocab_size"), GENAI, "/model/vocab_size")
-    cfg = model_config if isinstance(model_config, dict) else {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text = text_config(model_config)
     for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("hidden", "hidden_size"), ("vocab", "vocab_size"), ("head_size", "head_dim")):
         put(dim, "config", text.get(key), "config.json", f"/{key}")
     if "config" not in out.get("kv_heads", {}) and _count(text.get("num_attention_heads")) and "num_key_value_heads" not in text:
@@ -34,3 +33,10 @@ def model_dims(genai, model_config) -> dict[str, dict[str, tuple[int, str, str]]
     if h and n and "head_dim" not in text:
         put("head_size", "config", h // n, "config.json", "/hidden_size")
     return out
+
+
+def text_config(model_config) -> dict:
+    """The text model's fields of a config.json: its `text_config` where a wrapper has one, else the
+    document itself ({} for anything that is not an object)."""
+    cfg = model_config if isinstance(model_config, dict) else {}
+    return cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg

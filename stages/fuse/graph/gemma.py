@@ -21,7 +21,7 @@ Sliding and global layers are one pattern: they differ only in GroupQueryAttenti
 from __future__ import annotations
 
 from stages.fuse.graph.model import Graph, attr
-from stages.fuse.graph.patterns import _qkv_group as qkv_group
+from stages.fuse.graph.patterns import qkv_group
 
 Group = tuple[str, list, list]
 NORM, SKIP_NORM = "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"

@@ -36,7 +36,7 @@ def family_matchers() -> tuple:
 
 def match_chain(g: Graph, gqa) -> tuple[list[Group], str]:
     """The generic chain: norm + Q/K/V, attention, o_proj + norm, SiLU gated MLP."""
-    qkv, why = _qkv_group(g, gqa)
+    qkv, why = qkv_group(g, gqa)
     if qkv is None:
         return [], why
     groups = [qkv, ("GQARope" if attr(gqa, "do_rotary", 0) else "GQA", [gqa], ["attn"])]
@@ -83,7 +83,7 @@ def _packed_split(g: Graph, sources: list[str]):
     return split if split is not None and list(split.output[:3]) == sources else None
 
 
-def _qkv_group(g: Graph, gqa) -> tuple[Group | None, str]:
+def qkv_group(g: Graph, gqa) -> tuple[Group | None, str]:
     """The norm and Q/K/V projections feeding the attention, with the optional members between them
     and the attention: bias Adds (Qwen2), a Split of the packed projection and per-head q/k norms (Qwen3)."""
     q, k, v = (list(gqa.input) + ["", "", ""])[:3]

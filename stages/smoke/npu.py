@@ -16,6 +16,19 @@ Nothing from the package, the model folder or the current folder is loaded:
 - the attempt runs in a child process whose working folder is a fresh empty
   temporary folder, with `RYZENAI_EP_PATH` set to the library found; a crash
   or hang of the provider ends that process, not the build.
+
+A model that loads and generates is not yet an NPU run: onnxruntime-genai may
+have run it on the CPU (the silent fallback users report). What this relies on,
+from onnxruntime-genai 0.18's Python API (the session's provider list is not
+exposed by it):
+- `og.Model.device_type`, the device the model runs on ("CPU" for a CPU run,
+  measured): it must name the NPU ("RyzenAI"), else the attempt is a fallback;
+  a runtime without that property cannot confirm an NPU run, so none is claimed.
+- onnxruntime-genai's log (`og.set_log_options(enabled=True, warning=True)`,
+  `og.set_log_callback`) and the child's stderr (ONNX Runtime's own logger):
+  a line that says the provider found no device or fell back to the CPU
+  ("No RyzenAI devices detected", "falling back to CPU", ...) makes it a fallback.
+The device names and log phrases are data: pipeline/data/npu_evidence.json.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -137,33 +151,88 @@ def try_npu(pkg_dir, prompts: list[list[int]], max_new_tokens: int, untrusted=()
         how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
         return NpuAttempt(False, f"the NPU attempt ended without a result ({how}): {last} ({EP_ENV}={library})", seconds=time.perf_counter() - start)
     attempt = NpuAttempt(**json.loads(results[-1]))
+    logged = fallback_line(proc.stderr.splitlines())
+    if attempt.ok and logged:
+        attempt = NpuAttempt(False, f"the model loaded but ran on the CPU: the runtime logged {logged!r}")
     if not attempt.ok:
         attempt.reason += f" ({EP_ENV}={library})"
     attempt.seconds = time.perf_counter() - start
     return attempt
 
 
+def _evidence() -> tuple[list[str], list[str]]:
+    """(device names that mean the NPU, log phrases that mean a CPU fallback), lower case."""
+    from pipeline.data import load_data
+
+    data = load_data("npu_evidence.json")
+    return [v.lower() for v in data["npu_device_types"]["values"]], [v.lower() for v in data["fallback_log_patterns"]["values"]]
+
+
+def fallback_line(lines) -> str:
+    """The first log line that says the run fell back to the CPU ("" if none)."""
+    patterns = _evidence()[1]
+    return next((" ".join(str(line).split())[:300] for line in lines if any(p in str(line).lower() for p in patterns)), "")
+
+
+def device_problem(model) -> str:
+    """Why the loaded model is not running on the NPU, from og.Model.device_type ("" if it is)."""
+    device = getattr(model, "device_type", None)
+    if device is None:
+        return "the model loaded but onnxruntime-genai does not say which device runs it (no og.Model.device_type), so an NPU run cannot be confirmed"
+    if str(device).lower() in _evidence()[0]:
+        return ""
+    where = "the CPU" if str(device).lower() == "cpu" else f"the {device} device"
+    return f"the model loaded but ran on {where}: og.Model.device_type is {str(device)!r}, not RyzenAI (the RyzenAI provider was not used)"
+
+
+@contextmanager
+def oga_log(og, lines: list[str]):
+    """Collect onnxruntime-genai's log lines (warnings included) into `lines` while inside."""
+    hooked = hasattr(og, "set_log_callback") and hasattr(og, "set_log_options")
+    if hooked:
+        try:
+            og.set_log_options(enabled=True, warning=True)
+            og.set_log_callback(lambda text: lines.append(str(text)))
+        except Exception:  # a runtime without these options: stderr is still read by the parent
+            hooked = False
+    try:
+        yield
+    finally:
+        if hooked:
+            og.set_log_callback(None)  # OGA 0.18 aborts the interpreter at exit if a Python callback is left set
+
+
 def generate(og, pkg_dir, prompts: list[list[int]], max_new_tokens: int) -> NpuAttempt:
     """The attempt itself, with onnxruntime-genai module `og` (run in the child process)."""
-    try:
-        model = og.Model(str(pkg_dir))  # uses the package's provider_options: [{"RyzenAI": {...}}]
-    except Exception as exc:  # OGA raises RuntimeError/OSError with the provider's own text
-        return NpuAttempt(False, first_line(exc))
-    out = []
-    try:
-        for ids in prompts:
-            params = og.GeneratorParams(model)
-            params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
-            gen = og.Generator(model, params)
-            gen.append_tokens(ids)
-            new = []
-            while not gen.is_done() and len(new) < max_new_tokens:
-                gen.generate_next_token()
-                new.append(int(gen.get_next_tokens()[0]))
-            out.append(new)
-    except Exception as exc:
-        return NpuAttempt(False, f"the model loaded but generation failed: {first_line(exc)}")
-    return NpuAttempt(True, "onnxruntime-genai with the RyzenAI provider", out)
+    logged: list[str] = []
+    with oga_log(og, logged):
+        try:
+            model = og.Model(str(pkg_dir))  # uses the package's provider_options: [{"RyzenAI": {...}}]
+        except Exception as exc:  # OGA raises RuntimeError/OSError with the provider's own text
+            return NpuAttempt(False, first_line(exc))
+        problem = device_problem(model)
+        if problem:
+            return NpuAttempt(False, problem)
+        try:
+            out = [_greedy(og, model, ids, max_new_tokens) for ids in prompts]
+        except Exception as exc:
+            return NpuAttempt(False, f"the model loaded but generation failed: {first_line(exc)}")
+    line = fallback_line(logged)
+    if line:
+        return NpuAttempt(False, f"the model loaded but ran on the CPU: onnxruntime-genai logged {line!r}")
+    return NpuAttempt(True, f"onnxruntime-genai with the RyzenAI provider (og.Model.device_type {str(model.device_type)!r}, no fallback logged)", out)
+
+
+def _greedy(og, model, ids: list[int], max_new_tokens: int) -> list[int]:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    new = []
+    while not gen.is_done() and len(new) < max_new_tokens:
+        gen.generate_next_token()
+        new.append(int(gen.get_next_tokens()[0]))
+    return new
 
 
 def _child(argv: list[str]) -> None:

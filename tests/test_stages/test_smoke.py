@@ -119,13 +119,22 @@ def test_a_library_the_package_names_is_refused(make_pkg, tmp_path, monkeypatch,
     assert attempt.ok is False and "custom_ops_library" in attempt.reason, attempt.reason
 
 
-def fake_og(tokens):
-    """A stand-in onnxruntime_genai whose Model loads and whose generator yields `tokens`."""
+def fake_og(tokens, device="RyzenAI", log=()):
+    """A stand-in onnxruntime_genai whose Model loads on `device` (None: a runtime without
+    Model.device_type), logs `log` through its log callback, and whose generator yields `tokens`."""
     mod = types.ModuleType("onnxruntime_genai")
+    mod.callbacks = []
 
     class Model:
         def __init__(self, path):
             self.path = path
+            for line in log:
+                mod.callbacks[-1](line)
+
+    if device is not None:
+        Model.device_type = property(lambda self: device)
+    mod.set_log_options = lambda **kw: None
+    mod.set_log_callback = mod.callbacks.append
 
     class GeneratorParams:
         def __init__(self, model):
@@ -156,9 +165,65 @@ def fake_og(tokens):
 
 
 def test_npu_path_wiring_with_a_fake_runtime(tmp_path):
-    attempt = generate(fake_og([5, 6, 7]), tmp_path, [[1, 2], [3]], 2)
+    og = fake_og([5, 6, 7])
+    attempt = generate(og, tmp_path, [[1, 2], [3]], 2)
     assert attempt.ok and attempt.tokens == [[5, 6], [5, 6]]
     assert "RyzenAI" in attempt.reason
+    assert og.callbacks[-1] is None  # the log callback is removed again (OGA aborts at exit otherwise)
+
+
+@pytest.mark.parametrize("device, log, expected", [
+    ("CPU", (), "ran on the CPU: og.Model.device_type is 'CPU'"),
+    ("DML", (), "ran on the DML device"),
+    (None, (), "cannot be confirmed"),
+    ("RyzenAI", ("[W] No RyzenAI devices detected",), "ran on the CPU: onnxruntime-genai logged '[W] No RyzenAI devices detected'"),
+])
+def test_a_model_that_loads_but_falls_back_is_no_npu_run(tmp_path, device, log, expected):
+    """The silent CPU fallback: the model loads with the RyzenAI block and would generate, yet the
+    runtime's device query or its log says the provider did not run it."""
+    attempt = generate(fake_og([5, 6, 7], device=device, log=log), tmp_path, [[1, 2]], 2)
+    assert attempt.ok is False and attempt.tokens == [] and expected in attempt.reason, attempt.reason
+
+
+FAKE_OGA = """import sys
+MODE = {mode!r}
+class Model:
+    def __init__(self, path):
+        if MODE == "stderr":
+            print("2026-01-01 [W:onnxruntime:, ryzenai] Falling back to CPU execution provider", file=sys.stderr)
+    @property
+    def device_type(self):
+        return "CPU" if MODE == "cpu" else "RyzenAI"
+class GeneratorParams:
+    def __init__(self, model): pass
+    def set_search_options(self, **kw): pass
+class Generator:
+    def __init__(self, model, params): self.n = 0
+    def append_tokens(self, ids): pass
+    def is_done(self): return False
+    def generate_next_token(self): self.n += 1
+    def get_next_tokens(self): return [40 + self.n]
+"""
+
+
+@pytest.mark.parametrize("mode", ["cpu", "stderr", "ryzenai"])
+def test_the_child_process_reports_a_fallback(make_pkg, tmp_path, monkeypatch, no_provider_env, mode):
+    """try_npu end to end with a fake onnxruntime_genai on the child's PYTHONPATH (a tmp folder, never
+    the current one): a CPU device or a fallback line on stderr is ok=False naming it; RyzenAI is ok."""
+    fake = tmp_path / "fake-oga" / "onnxruntime_genai"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_OGA.format(mode=mode))
+    lib = tmp_path / "sdk" / LIBRARY
+    lib.parent.mkdir()
+    lib.write_bytes(b"")  # found, never loaded: the fake runtime loads nothing
+    monkeypatch.setenv(EP_ENV, str(lib))
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    attempt = try_npu(make_pkg("1.8.0-npu-16K"), [[1, 2, 3]], 3)
+    if mode == "ryzenai":
+        assert attempt.ok and attempt.tokens == [[41, 42, 43]] and "'RyzenAI'" in attempt.reason, attempt.reason
+    else:
+        assert attempt.ok is False and attempt.tokens == [] and "ran on the CPU" in attempt.reason, attempt.reason
+        assert {"cpu": "device_type is 'CPU'", "stderr": "Falling back to CPU execution provider"}[mode] in attempt.reason
 
 
 def test_smoke_problems_name_what_failed():

@@ -1,0 +1,252 @@
+"""`raipack doctor`: the environment read truthfully (this machine, and fakes of the machines we lack),
+and every package fault against it, one finding and one fix each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from factory import lfs_pointer_text
+from helpers import edit_json
+from pipeline import doctor, machine
+from pipeline.cli.main import main
+from stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY
+
+
+@pytest.fixture
+def no_provider_env(monkeypatch):
+    monkeypatch.delenv(EP_ENV, raising=False)
+    monkeypatch.delenv(INSTALL_ENV, raising=False)
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", *args])
+    out = capsys.readouterr()
+    return exit_.value.code, out.out, out.err
+
+
+def codes(report) -> set[str]:
+    return {p.code for p in report.findings}
+
+
+@pytest.fixture
+def ready_machine(monkeypatch, tmp_path, no_provider_env):
+    """A fake Ryzen AI 1.8.0 machine: the NPU present, OGA 0.14.0 that knows RyzenAI, a provider library that loads."""
+    lib = tmp_path / "ryzenai" / LIBRARY
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    monkeypatch.setenv(EP_ENV, str(lib))
+    versions = {"onnxruntime_genai": ("onnxruntime-genai", "0.14.0"), "onnxruntime": ("onnxruntime", "1.22.0")}
+    monkeypatch.setattr(machine, "installed", lambda kind: versions[kind])
+    monkeypatch.setattr(machine, "npu_device", lambda: {"present": True, "driver": "32.0.203.280", "detail": "fake NPU"})
+    monkeypatch.setattr(machine, "library_loads", lambda path: (True, ""))
+    monkeypatch.setattr(machine, "provider_known", lambda: (True, "fake"))
+    return versions
+
+
+# -- this machine ---------------------------------------------------------------------------------
+
+def test_this_machine_says_no_npu_and_no_provider(make_pkg, capsys, no_provider_env):
+    """The real environment, nothing faked: no NPU, no RyzenAI provider library; exit 1, and the
+    package's release and the runtime it needs are named."""
+    npu_here = Path("/sys/module/amdxdna").is_dir() and any(Path("/dev/accel").glob("accel*"))
+    code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
+    assert code == 1
+    assert ("DR001" in out) is not npu_here and ("no NPU here" in out) is not npu_here
+    assert "ERROR DR005: no RyzenAI provider library found" in out and "fix:" in out
+    assert "needs Ryzen AI 1.8.0" in out and "onnxruntime-genai 0.14.0" in out
+    import onnxruntime_genai  # noqa: F401  (only to read its version for the comparison)
+
+    assert f"onnxruntime-genai: {onnxruntime_genai.__version__}" in out
+    assert out.rstrip().endswith("error(s)") and out.rstrip().splitlines()[-1].startswith("will not run here")
+
+
+def test_json_shape(capsys, no_provider_env):
+    code, out, _ = run_cli(capsys, "--format", "json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ready"] is False and doc["package"] is None
+    assert set(doc) == {"ready", "environment", "package", "findings"}
+    assert {"onnxruntime_genai", "onnxruntime", "release", "ryzenai_provider", "provider_library", "npu", "sdk"} <= set(doc["environment"])
+    assert doc["findings"] and all(set(f) == {"code", "severity", "message", "hint"} and f["hint"] for f in doc["findings"])
+    assert "DR005" in {f["code"] for f in doc["findings"]}
+
+
+@pytest.mark.parametrize("where", ["missing", "empty", "file"])
+def test_no_package_there_is_exit_3(tmp_path, capsys, where):
+    path = {"missing": tmp_path / "nothing", "empty": tmp_path, "file": tmp_path / "f.txt"}[where]
+    if where == "file":
+        path.write_text("x")
+    code, out, err = run_cli(capsys, str(path))
+    assert code == 3 and out == "" and err.startswith("ERROR: ") and "hint:" in err and "Traceback" not in err
+
+
+# -- a ready machine (fakes), and each package fault against it --------------------------------------
+
+def test_a_clean_package_on_a_ready_machine_is_ready(make_pkg, ready_machine, capsys):
+    code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
+    assert code == 0 and "ready: this package should run here" in out and "ERROR" not in out, out
+
+
+def test_a_package_of_another_release(make_pkg, ready_machine):
+    ready_machine["onnxruntime_genai"] = ("onnxruntime-genai", "0.11.2")  # Ryzen AI 1.7.0's
+    report = doctor.doctor(make_pkg("1.8.0-npu-16K"))
+    assert not report.ready and report.environment["release"]["release"] == "1.7.0"
+    (p,) = [p for p in report.findings if p.code == "DR101"]
+    assert "Ryzen AI 1.8.0" in p.message and "1.7.0" in p.message and "invalid unordered_map" in p.hint
+
+
+def test_a_runtime_of_no_known_release(make_pkg, ready_machine):
+    ready_machine["onnxruntime_genai"] = ("onnxruntime-genai", "0.18.0")
+    report = doctor.doctor(make_pkg("1.8.0-npu-16K"))
+    assert {"DR003", "DR102"} <= codes(report) and report.ready  # warnings: it may still run
+    assert "needs Ryzen AI 1.8.0's runtime" in next(p.message for p in report.findings if p.code == "DR102")
+
+
+def _session(doc):
+    return doc["model"]["decoder"]["session_options"]
+
+
+@pytest.mark.parametrize("fault, edit, code, severity, words", [
+    ("windows path", lambda d: _session(d)["provider_options"][0]["RyzenAI"].update(external_data_file="C:\\models\\llama\\model.pb.bin"), "DR104", "error", "/model/decoder/session_options/provider_options/0/RyzenAI/external_data_file"),
+    ("absolute path", lambda d: d["model"]["decoder"].update(filename="/home/me/model.onnx"), "DR104", "error", "absolute or Windows-only"),
+    ("config_entries", lambda d: _session(d).update(config_entries={"hybrid_opt_token_backend": "npu"}), "DR103", "warning", "deprecated since Ryzen AI 1.7.0"),
+    ("custom ops missing", lambda d: _session(d).update(custom_ops_library="onnx_custom_ops.dll"), "DR106", "error", "'onnx_custom_ops.dll'"),
+])
+def test_package_faults(make_pkg, ready_machine, fault, edit, code, severity, words):
+    pkg = make_pkg("1.8.0-npu-16K")
+    edit_json(pkg / "genai_config.json", edit)
+    report = doctor.doctor(pkg)
+    (hit,) = [p for p in report.findings if p.code == code]
+    assert hit.severity == severity and words in hit.message and hit.hint, [p.line() for p in report.findings]
+    assert report.ready is (severity == "warning")  # the deprecated key alone still runs (the runtime warns)
+
+
+def test_lfs_pointer_is_a_validation_error(make_pkg, ready_machine):
+    pkg = make_pkg("1.8.0-npu-16K")
+    (pkg / "model.bin").write_text(lfs_pointer_text(4096))
+    report = doctor.doctor(pkg)
+    assert not report.ready and any(p.code == "RP102" and "model.bin" in p.message for p in report.findings)
+
+
+def test_prompt_limit_of_the_installed_sdk(make_pkg, ready_machine, tmp_path, monkeypatch):
+    """A 16K package takes 4096-token passes; Ryzen AI 1.5.0 (the install's folder name) takes 2048."""
+    install = tmp_path / "RyzenAI" / "1.5.0"
+    install.mkdir(parents=True)
+    monkeypatch.setenv(INSTALL_ENV, str(install))
+    report = doctor.doctor(make_pkg("1.8.0-npu-16K"))
+    assert report.environment["sdk"]["version"] == "1.5.0"
+    (p,) = [p for p in report.findings if p.code == "DR105"]
+    assert "Ryzen AI 1.5.0" in p.message and "2048" in p.message
+
+
+@pytest.mark.parametrize("profile_id, words", [("reference-16K", "raipack's reference backend"), ("oga-export", "not an NPU package")])
+def test_packages_amds_runtime_cannot_load(profile_id, words):
+    """Judged by the detected profile (a real reference package costs a build: the profile is what counts)."""
+    from pipeline.npu.profile import get
+
+    prof = get(profile_id)
+    (p,) = doctor._kind_problems(prof, prof.get("release", "n/a"))
+    assert p.code == "DR100" and p.severity == "error" and words in p.message
+    assert doctor._kind_problems(get("1.8.0-npu-16K"), "1.8.0") == []
+
+
+# -- the environment's parts, with fakes ----------------------------------------------------------
+
+@pytest.mark.parametrize("content", [b"", b"not a shared library\n"])
+def test_a_provider_library_that_does_not_load(tmp_path, monkeypatch, no_provider_env, content):
+    lib = tmp_path / "sdk" / LIBRARY
+    lib.parent.mkdir()
+    lib.write_bytes(content)
+    monkeypatch.setenv(EP_ENV, str(lib))
+    env, problems = doctor.environment()
+    assert env["provider_library"] == {"path": str(lib.resolve()), "loads": False, "detail": env["provider_library"]["detail"]}
+    (p,) = [p for p in problems if p.code == "DR006"]
+    assert str(lib.resolve()) in p.message and ("too short" in p.message or "invalid ELF header" in p.message), p.message
+
+
+def test_a_provider_library_that_loads(tmp_path):
+    src = tmp_path / "lib.c"
+    src.write_text("int ryzenai_fake(void) { return 1; }\n")
+    lib = tmp_path / LIBRARY
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    assert machine.library_loads(lib) == (True, "")
+
+
+FAKE_OGA = """class Model:
+    def __init__(self, path):
+        raise RuntimeError({message!r})
+"""
+
+
+@pytest.mark.parametrize("message, known", [
+    ("Unknown provider name 'RyzenAI'. Currently supported values are 'DML'/'DmlExecutionProvider', 'CPU'", False),
+    ("Failed to register RyzenAI execution provider library: Failed to load library x.so", True),
+    ("something else entirely", None),
+])
+def test_whether_onnxruntime_genai_knows_the_provider(tmp_path, monkeypatch, message, known):
+    fake = tmp_path / "fake" / "onnxruntime_genai"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_OGA.format(message=message))
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    found, how = machine.provider_known()
+    assert found is known, how
+    if known is False:
+        assert "Unknown provider name 'RyzenAI'" in how
+
+
+def test_the_real_onnxruntime_genai_is_probed(monkeypatch):
+    """The installed 0.18 knows the RyzenAI name and tries to load its library (measured)."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert machine.provider_known()[0] is True
+
+
+def write_dist(site: Path, name: str, version: str) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_versions_come_from_metadata_never_the_current_folder(tmp_path, monkeypatch):
+    site, here = tmp_path / "site", tmp_path / "here"
+    write_dist(site, "onnxruntime-genai", "0.11.2")
+    write_dist(here, "onnxruntime-genai", "0.9.2")  # planted in the current folder: must be ignored
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "path", ["", str(here), str(site), *sys.path])
+    assert machine.installed("onnxruntime_genai") == ("onnxruntime-genai", "0.11.2")
+    assert machine.release_of("0.11.2")["release"] == "1.7.0" and machine.release_of("0.18.0") is None
+
+
+def test_every_release_entry_says_where_it_comes_from():
+    for entry in machine.releases()["releases"]:
+        assert entry["source"] and entry["confidence"] in ("documented", "inferred", "unknown")
+        assert (entry["onnxruntime_genai"] is None) is (entry["confidence"] == "unknown")
+
+
+def test_linux_npu_device_from_a_fake_root(tmp_path):
+    assert machine.npu_device("linux", tmp_path)["present"] is False
+    (tmp_path / "sys" / "module" / "amdxdna").mkdir(parents=True)
+    half = machine.npu_device("linux", tmp_path)
+    assert half["present"] is False and "no /dev/accel/accel*" in half["detail"]
+    (tmp_path / "dev" / "accel").mkdir(parents=True)
+    (tmp_path / "dev" / "accel" / "accel0").write_text("")
+    full = machine.npu_device("linux", tmp_path)
+    assert full["present"] is True and "/dev/accel/accel0" in full["detail"]
+
+
+@pytest.mark.parametrize("stdout, present, driver", [("32.0.203.240\r\n", True, "32.0.203.240"), ("", False, None)])
+def test_windows_npu_driver_with_a_fake_powershell(stdout, present, driver):
+    calls = []
+
+    def runner(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout, "")
+
+    npu = machine.npu_device("win32", runner=runner)
+    assert npu["present"] is present and npu["driver"] == driver and calls[0][0] == "powershell"
+    problems = doctor._npu_problems(npu)
+    assert [p.code for p in problems] == (["DR007"] if present else ["DR001"])  # .240 is older than .280

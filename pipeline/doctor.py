@@ -9,6 +9,7 @@ error keeps its RPnnn id) and a fix. Nothing from the package is loaded or run.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import asdict, dataclass, field
@@ -49,13 +50,14 @@ class Report:
 
 # -- the environment -----------------------------------------------------------------------------
 
-def environment() -> tuple[dict, list[Problem]]:
-    """What this machine has, and the problems it alone causes for any NPU package."""
+def environment(untrusted=()) -> tuple[dict, list[Problem]]:
+    """What this machine has, and the problems it alone causes for any NPU package.
+    `untrusted`: folders no provider library is loaded from (the package)."""
     from stages.smoke.npu import EP_ENV, find_provider_library
 
     genai, ort = machine.installed("onnxruntime_genai"), machine.installed("onnxruntime")
     release = machine.release_of(genai[1]) if genai else None
-    library, why = find_provider_library()
+    library, why = find_provider_library(untrusted)
     loads, load_why = machine.library_loads(library) if library else (None, "")
     known, how = machine.provider_known() if genai else (False, "onnxruntime-genai is not installed")
     env = {
@@ -211,12 +213,18 @@ def _paths(doc, pointer: str = ""):
 
 def doctor(package: Path | None = None) -> Report:
     opened = open_package(package) if package is not None else None  # no package there: exit 3 before probing
-    env, problems = environment()
+    env, problems = environment([opened[0].pkg.root] if opened else [])
     report = Report(env, findings=problems)
     if opened is not None:
         report.package, more = check_package(opened, env)
         report.findings += more
     return report
+
+
+def as_json(report: Report) -> str:
+    from pipeline.core.textsafe import safe_tree
+
+    return json.dumps(safe_tree(report.to_dict()), indent=2)
 
 
 def as_text(report: Report) -> str:

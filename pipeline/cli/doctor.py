@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,9 +17,9 @@ def doctor(package, fmt):
     """Say whether this machine can run PACKAGE on the NPU (or any NPU package), and what to fix.
 
     Exit codes: 0 ready to run here, 1 will not run here, 3 no package at PACKAGE."""
-    from pipeline.doctor import as_text
+    from pipeline.doctor import as_json, as_text
     from pipeline.doctor import doctor as run_doctor
 
     report = run_doctor(package)
-    click.echo(json.dumps(report.to_dict(), indent=2) if fmt == "json" else as_text(report), nl=fmt == "json")
+    click.echo(as_json(report) if fmt == "json" else as_text(report), nl=fmt == "json")
     sys.exit(0 if report.ready else 1)

@@ -169,6 +169,18 @@ def test_a_provider_library_that_does_not_load(tmp_path, monkeypatch, no_provide
     assert str(lib.resolve()) in p.message and ("too short" in p.message or "invalid ELF header" in p.message), p.message
 
 
+def test_a_library_inside_the_package_is_never_loaded(make_pkg, tmp_path, monkeypatch, no_provider_env):
+    """RYZENAI_EP_PATH pointing into the package: doctor refuses it as smoke does; its constructor never runs."""
+    pkg, marker = make_pkg("1.8.0-npu-16K"), tmp_path / "loaded"
+    src = tmp_path / "lib.c"
+    src.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void f(void) {{ FILE *o = fopen("{marker}", "w"); if (o) fclose(o); }}\n')
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(pkg / LIBRARY), str(src)], check=True)
+    monkeypatch.setenv(EP_ENV, str(pkg))
+    report = doctor.doctor(pkg)
+    assert not marker.exists() and report.environment["provider_library"]["loads"] is None
+    assert any(p.code == "DR005" and "which raipack reads as input" in p.message for p in report.findings)
+
+
 def test_a_provider_library_that_loads(tmp_path):
     src = tmp_path / "lib.c"
     src.write_text("int ryzenai_fake(void) { return 1; }\n")

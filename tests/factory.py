@@ -161,7 +161,10 @@ def genai_config(profile: dict, d: Dims, lay: Layout, max_length: int | None = N
     if max_length:
         search["max_length"] = max_length
     opts = {}
-    for key, rule in profile["genai"]["options"].items():
+    if profile["target"] == "hybrid" and profile["genai"]["form"] == "provider_options":
+        # AMD's 1.7+ hybrid packages (AMD_PACKAGES.md §2): no hybrid_opt_token_backend (npu would make it an NPU package)
+        opts = {"external_data_file": lay.header, "hybrid_opt_free_after_prefill": "1", "hybrid_opt_max_seq_length": "4096"}
+    for key, rule in profile["genai"]["options"].items() if not opts else ():
         if rule.get("allowed"):
             opts[key] = rule["allowed"][-1] if key != "external_data_file" else rule["allowed"][0]
         elif key == "external_data_file":
@@ -274,7 +277,8 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: 
             fh.truncate(max(data_bytes, os.path.getsize(pkg / lay.data)))
     if profile["genai"]["form"] != "builder" or profile["id"] == "oga-export":
         write_json(pkg / "genai_config.json", genai_config(profile, d, lay, max_length))
-    write_json(pkg / "config.json", model_config(d, profile["quantization"]["config_json"] == "quark" or profile["target"] != "intermediate"))
+    amd_hybrid = profile["target"] == "hybrid" and profile["genai"]["form"] == "provider_options"  # AMD ships config.json = {}
+    write_json(pkg / "config.json", {} if amd_hybrid else model_config(d, profile["quantization"]["config_json"] == "quark" or profile["target"] != "intermediate"))
     (pkg / "tokenizer.json").write_text(tokenizer_text(d.tokenizer_vocab or min(d.vocab, 320)))
     write_json(pkg / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": d.context_length, "tokenizer_class": "PreTrainedTokenizerFast"})
     write_json(pkg / "generation_config.json", {"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6, "top_p": 0.9})

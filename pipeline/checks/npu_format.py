@@ -21,7 +21,7 @@ from pipeline.checks.base import check
 from pipeline.core.package import JSON_MAX_BYTES, ReadError
 from pipeline.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
 from pipeline.npu.layout import TIERED, metastate_sets, weights_sibling
-from pipeline.npu.settings import expected_tiers, pow2_ceil, pow2_floor
+from pipeline.npu.settings import expected_tiers, pow2_ceil, pow2_floor, tierless
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
@@ -459,13 +459,21 @@ def tier_options(ctx):
     is a prefill tier; chunked prefill (`hybrid_opt_chunk_context` "1") is on
     whenever `rai_config.max_prompt_length` exceeds the largest prefill tier;
     the header's tiers are the profile's prefill tiers up to `max_length`, and
-    its token tiers below `max_length` and `max_length` itself."""
+    its token tiers below `max_length` and `max_length` itself. A hybrid
+    layout (a profile without tiers: decode on the iGPU) lists no tiers, its
+    header's `max_length` is `search.max_length` (one KV buffer), and
+    `hybrid_opt_max_seq_length` is the largest power of two within the
+    layout's `prefill_pass` and `max_length`, which no
+    `max_prompt_length` exceeds."""
     rel, doc = _header(ctx)
     if doc is None:
         return
     L = ctx.settings.as_dict()
     t = doc.get("tiers") or {}
     prefill, token = sorted(t.get("prefill") or []), sorted(t.get("token") or [])
+    if tierless(ctx.profile):
+        yield from _tierless_options(ctx, rel, t, L)
+        return
     if not prefill or not token:
         yield ctx.finding(rel, "lists no prefill or no token tiers", "rebuild the package", "/tiers")
         return
@@ -494,6 +502,25 @@ def tier_options(ctx):
             want = expected_tiers(declared.get(key, []), key, ml)
             if declared.get(key) and have != want:
                 yield ctx.finding(rel, f"lists {key} tiers {have}; profile {ctx.profile['id']} declares {want} up to max_length {ml}", "rebuild the package with the right profile", f"/tiers/{key}")
+
+
+def _tierless_options(ctx, rel: str, t: dict, L: dict):
+    """RP906 for a layout without tiers (hybrid)."""
+    if t.get("prefill") or t.get("token"):
+        yield ctx.finding(rel, f"lists tiers, but profile {ctx.profile['id']} has none (its decode runs on the iGPU over one KV buffer)", "rebuild the package with the right profile", "/tiers")
+    opts, where = ctx.options
+    ml = L["max_length"]
+    if ml is None or t.get("max_length") != ml:
+        yield ctx.finding(GENAI, f"search.max_length is {ml}, but the header says the package was built for {t.get('max_length')}", "rebuild the package; do not edit max_length by hand", "/search/max_length")
+        return
+    want = pow2_floor(min(int((ctx.profile.get("layout") or {}).get("prefill_pass") or ml), ml))
+    if L["npu_seq"] is not None and L["npu_seq"] != want:
+        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to the largest power of two within its prefill pass and max_length, {want}",
+                          f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
+    for v, n in sorted(L["max_prompt"].items()):
+        if n > want:
+            yield ctx.finding("rai_config.json", f"max_prompt_length for {v} is {n}, above the {want} tokens one NPU prefill pass takes", f"lower it to {want}", f"/max_prompt_length/{v}")
+            break
 
 
 @check("RP907", "cpu-fallback", "warning")

@@ -10,6 +10,17 @@ PREFIX = "dd_metastate_"
 TIERED = re.compile(r"^dd_metastate_Llm_(?P<phase>Prefill|Token)_(?P<node>.+)_(?P<tier>\d+)$")
 
 
+NPU_FILES = {"graph": "model.onnx", "data": "model.onnx.data", "header": "model.pb.bin"}  # a profile without `layout`
+
+
+def package_files(profile: dict) -> dict[str, str]:
+    """The decoder graph, its CPU-side data, the NPU weights header and its weights file a profile's
+    layout names (its `layout`; the NPU packages' model.* where it has none)."""
+    names = {**NPU_FILES, **{k: v for k, v in (profile.get("layout") or {}).items() if k in NPU_FILES}}
+    names["weights"] = weights_sibling(names["header"])
+    return names
+
+
 def weights_sibling(header: str) -> str:
     """model.pb.bin → model.bin; model_jit.pb.bin → model_jit.bin."""
     return header[: -len(".pb.bin")] + ".bin" if header.endswith(".pb.bin") else header + ".bin"

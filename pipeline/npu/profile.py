@@ -138,17 +138,20 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     """Without raipack's manifest (a copy that lost it), raipack's own model.pb.bin still says which
     reference profile it was fused for; RP901 then reports the missing manifest under that profile."""
     from pipeline.npu import formats
+    from pipeline.npu.layout import package_files
 
-    if "model.pb.bin" not in pkg.files or not formats.is_reference_header(pkg.root / "model.pb.bin"):
+    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if p["target"] == "reference"})
+    name = next((h for h in headers if h in pkg.files and formats.is_reference_header(pkg.root / h)), None)
+    if name is None:
         return None
     try:
-        profile_id = formats.read_header(pkg.root / "model.pb.bin").get("profile")
+        profile_id = formats.read_header(pkg.root / name).get("profile")
     except (formats.FormatError, OSError):
         return None
     prof = all_profiles().get(profile_id) if isinstance(profile_id, str) else None
     if prof is None or prof["target"] != "reference":
         return None
-    return Detection(prof, f"model.pb.bin is raipack's reference header, fused for profile {profile_id} (there is no raipack manifest)")
+    return Detection(prof, f"{name} is raipack's reference header, fused for profile {profile_id} (there is no raipack manifest)")
 
 
 def detect(pkg: Package) -> Detection | None:

@@ -103,6 +103,8 @@ def max_length_for(profile: dict, context_length: int | None) -> int:
     token = sorted(profile["buckets"]["token"])
     prof_max = int(search.get("max_length") or token[-1])
     limit = min(prof_max, context_length) if context_length else prof_max
+    if not token:  # a tierless layout (hybrid: decode on the iGPU): the KV buffer takes the whole length
+        return limit
     chunk = as_count(search.get("chunk_size"))
     rule = (profile.get("advice") or {}).get("max_length") or {}
     if chunk and rule.get("multiple_of_chunk") and limit >= chunk and limit >= token[0]:
@@ -135,6 +137,8 @@ class NpuSettings:
     def from_profile(cls, profile: dict, context_length: int | None) -> "NpuSettings":
         search = profile["genai"]["search"]
         max_length = max_length_for(profile, context_length)
+        if tierless(profile):
+            return cls._tierless(profile, max_length, context_length)
         token = expected_tiers(profile["buckets"]["token"], "token", max_length)
         prefill = expected_tiers(profile["buckets"]["prefill"], "prefill", max_length)
         if not prefill:
@@ -150,11 +154,25 @@ class NpuSettings:
         out.max_prompt = {v: out.prompt_cap(n) for v, n in table.items()}
         return out
 
+    @classmethod
+    def _tierless(cls, profile: dict, max_length: int, context_length: int | None) -> "NpuSettings":
+        """A layout without compiled tiers (hybrid: NPU prefill, iGPU decode): one NPU pass is the
+        largest power of two within the layout's `prefill_pass` and max_length; no chunking."""
+        npu_seq = pow2_floor(min(int(profile["layout"]["prefill_pass"]), max_length))
+        out = cls(max_length=max_length, context_length=context_length, npu_seq=npu_seq)
+        out.max_prompt = {v: out.prompt_cap(int(n)) for v, n in profile.get("max_prompt_length", {}).items()}
+        return out
+
+    def largest_pass(self) -> int | None:
+        """The longest prompt one NPU call takes: the largest prefill tier, else (a tierless layout)
+        hybrid_opt_max_seq_length."""
+        return self.prefill[-1] if self.prefill else self.npu_seq
+
     def prompt_cap(self, n: int) -> int:
         """The longest prompt the package serves of a Ryzen AI version that takes `n` tokens: within
         max_length, and within the largest prefill tier unless prompts run in chunks."""
         n = min(n, self.max_length)
-        return n if self.chunked else min(n, self.prefill[-1])
+        return n if self.chunked else min(n, self.largest_pass())
 
     def build_values(self) -> dict:
         """The values a profile's option templates ("{npu_seq}", "{max_length}", ...) are filled with."""
@@ -257,6 +275,12 @@ def _chunked(opts: dict, need_chunks: bool) -> bool:
     if cc.get("required") and allowed == ["1"]:
         return True
     return need_chunks and "1" in allowed and "hybrid_opt_chunk_context" in opts
+
+
+def tierless(profile: dict) -> bool:
+    """A layout compiled for no sequence-length tiers (the hybrid packages: decode runs on the iGPU)."""
+    buckets = profile.get("buckets") or {}
+    return not buckets.get("prefill") and not buckets.get("token")
 
 
 def compiled_tiers(pkg, profile: dict, phase: str) -> list[int]:

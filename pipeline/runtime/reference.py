@@ -21,6 +21,9 @@
   hides it from them, and the KV rows it writes lie beyond the real length, where the next tokens
   overwrite them before anything reads them.
 - Token phase: one token per call, with the plan of the token tier that holds the new length.
+- A hybrid package (NPU prefill, iGPU decode; its header lists no tiers and it has no plans): every
+  call binds the whole KV buffer of `search.max_length` positions, the prompt runs unpadded in calls
+  of at most `hybrid_opt_max_seq_length` tokens, then one token per call.
 - Refusals: a prompt longer than `rai_config.max_prompt_length` for the SDK version, or a request
   beyond `search.max_length`, raises `RuntimeRefusal` whose str() is one sentence.
 """
@@ -99,20 +102,30 @@ class ReferenceRuntime:
         self.settings = settings
         self.prefill_tiers, self.token_tiers, self.node = settings.prefill, settings.token, tiers["node"]
         self.max_length = settings.max_length or 0
-        if self.max_length != tiers["max_length"] or self.max_length > self.token_tiers[-1]:
+        if self.max_length != tiers["max_length"] or self.max_length > (self.token_tiers or [self.max_length])[-1]:
             raise PackageError(f"genai_config.json search.max_length {self.max_length} does not match the {tiers['max_length']} the package was built for", "rebuild the package; do not edit max_length by hand")
         self.chunked = settings.chunked
-        self.chunk_size = settings.chunk_size or self.prefill_tiers[-1]
-        if self.chunk_size not in self.prefill_tiers:
-            raise PackageError(f"search.chunk_size {self.chunk_size} is not one of the prefill tiers {self.prefill_tiers}", "rebuild the package")
-        # the longest prefill call: the chunk with chunked prefill, else the largest tier (prompts are capped to it)
-        self.one_pass = self.chunk_size if self.chunked else self.prefill_tiers[-1]
+        if not self.prefill_tiers:  # hybrid: no tiers; one NPU pass is hybrid_opt_max_seq_length
+            self.chunk_size = self.one_pass = self._hybrid_pass(settings)
+        else:
+            self.chunk_size = settings.chunk_size or self.prefill_tiers[-1]
+            if self.chunk_size not in self.prefill_tiers:
+                raise PackageError(f"search.chunk_size {self.chunk_size} is not one of the prefill tiers {self.prefill_tiers}", "rebuild the package")
+            # the longest prefill call: the chunk with chunked prefill, else the largest tier (prompts are capped to it)
+            self.one_pass = self.chunk_size if self.chunked else self.prefill_tiers[-1]
         mpl = rai.get("max_prompt_length") or {}
         self.sdk_version = sdk_version or header.get("release")
         if mpl:
             if self.sdk_version not in mpl:
                 raise PackageError(f"rai_config.json gives no max_prompt_length for Ryzen AI {self.sdk_version} (it lists {', '.join(sorted(mpl))})", "pass sdk_version= one of the listed versions")
         self.max_prompt_length = settings.prompt_cap(int(mpl[self.sdk_version]) if mpl else self.max_length)
+
+    def _hybrid_pass(self, settings: NpuSettings) -> int:
+        """The longest prefill call of a package without tiers: hybrid_opt_max_seq_length, within max_length."""
+        if not settings.npu_seq or settings.npu_seq > self.max_length:
+            raise PackageError(f"genai_config.json RyzenAI option hybrid_opt_max_seq_length is {settings.npu_seq}; a package without tiers needs a positive one within search.max_length {self.max_length}",
+                               "rebuild the package")
+        return settings.npu_seq
 
     def _read_special_tokens(self) -> None:
         eos = self.genai["model"].get("eos_token_id", [])
@@ -264,7 +277,7 @@ class ReferenceRuntime:
     # ------------------------------------------------------------------ the KV window
 
     def _window_for(self, end: int) -> int:
-        for t in self.token_tiers:
+        for t in self.token_tiers or [self.max_length]:  # hybrid: the whole buffer
             if t >= end:
                 return t
         raise RuntimeRefusal(f"position {end} is beyond the package's maximum length of {self.max_length} tokens", self.max_length, end)
@@ -274,19 +287,18 @@ class ReferenceRuntime:
 
         if window == self._window:
             return
-        plan = self.plans[("token", window)]
-        kv = plan["kv_cache"]
+        bindings = self.plans[("token", window)]["kv_cache"]["bindings"] if self.token_tiers else self._whole_buffer()
         es = 4  # float32
         if self._window and self.filled:
             old, hs = self._window, self.head_size
             order = list(reversed(range(self.kv_heads))) if window > old else list(range(self.kv_heads))
-            for b in kv["bindings"]:
+            for b in bindings:
                 base = b["offset"] // es
                 for h in order:  # growing: back to front, shrinking: front to back; never overwrites unread data
                     src = self._kv[base + h * old * hs: base + h * old * hs + self.filled * hs]
                     self._kv[base + h * window * hs: base + h * window * hs + self.filled * hs] = src.copy()
         self._kv_values = []
-        for b in kv["bindings"]:
+        for b in bindings:
             base = b["offset"] // es
             view = self._kv[base: base + b["bytes"] // es].reshape(b["shape"])
             value = ort.OrtValue.ortvalue_from_numpy(view)
@@ -294,6 +306,19 @@ class ReferenceRuntime:
             self._binding.bind_ortvalue_input(b["past"], value)
             self._binding.bind_ortvalue_output(b["present"], value)
         self._window = window
+
+    def _whole_buffer(self) -> list[dict]:
+        """The KV bindings of a package without plans (hybrid): layer i's keys and values, each one
+        region of max_length positions, in the static buffer's order."""
+        dec = self.genai["model"]["decoder"]
+        ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
+        shape = [1, self.kv_heads, self.max_length, self.head_size]
+        out = []
+        for i in range(self.num_layers):
+            for k, (past, present) in enumerate(((ins.get("past_key_names", "past_key_values.%d.key"), outs.get("present_key_names", "present.%d.key")),
+                                                 (ins.get("past_value_names", "past_key_values.%d.value"), outs.get("present_value_names", "present.%d.value")))):
+                out.append({"past": past % i, "present": present % i, "offset": (2 * i + k) * self._region * 4, "shape": shape, "bytes": self._region * 4})
+        return out
 
     # ------------------------------------------------------------------ one call
 
@@ -307,8 +332,8 @@ class ReferenceRuntime:
             raise RuntimeRefusal(f"{past + n} tokens padded to {end} positions do not fit the package's maximum length of {self.max_length}", self.max_length, end)
         window = self._window_for(end)
         tier = seq if phase == "prefill" else window
-        plan = self.plans[(phase, tier)]
-        if plan["sequence_length"] != seq or (phase == "token" and plan["kv_window"] != window) or (phase == "prefill" and past == 0 and plan["kv_window"] != window):
+        plan = self.plans.get((phase, tier)) if self.token_tiers else {"sequence_length": seq, "kv_window": window}
+        if plan is None or plan["sequence_length"] != seq or (phase == "token" and plan["kv_window"] != window) or (phase == "prefill" and past == 0 and plan["kv_window"] != window):
             raise PackageError(f"the {phase} plan of tier {tier} does not describe this call ({seq} positions over a {window}-position window)", "rebuild the package")
         self._bind_window(window)
         if seq == n:
@@ -344,7 +369,7 @@ class ReferenceRuntime:
         chunks = [ids[s: s + step] for s in range(0, n, step)]
         row = None
         for chunk in chunks:
-            tier = next(t for t in self.prefill_tiers if t >= chunk.size)
+            tier = next((t for t in self.prefill_tiers if t >= chunk.size), chunk.size)  # hybrid: unpadded
             row = self._call("prefill", chunk, tier)
         return row
 
@@ -426,7 +451,8 @@ def _check_header_fields(header: dict, path: Path) -> None:
     dims, tiers = header.get("model"), header.get("tiers")
     ok = (isinstance(dims, dict) and all(_count(dims.get(k)) for k in ("layers", "kv_heads", "head_size", "vocab_size"))
           and isinstance(tiers, dict) and isinstance(tiers.get("node"), str) and _count(tiers.get("max_length"))
-          and all(isinstance(tiers.get(k), list) and tiers[k] and all(_count(t) for t in tiers[k]) for k in ("prefill", "token")))
+          and all(isinstance(tiers.get(k), list) and all(_count(t) for t in tiers[k]) for k in ("prefill", "token"))
+          and bool(tiers["prefill"]) == bool(tiers["token"]))  # both, or neither (hybrid)
     if not ok:
         raise PackageError(f"{path} does not give the model's dimensions (model.layers, kv_heads, head_size, vocab_size) and tiers (tiers.prefill, token, node, max_length) as positive integers",
                            "rebuild the package")

@@ -39,6 +39,7 @@ from pipeline.core.output import output_folder
 from pipeline.npu import formats, plans
 from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
+from pipeline.npu.layout import package_files
 from pipeline.npu.settings import NpuSettings, is_power_of_two
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
@@ -149,6 +150,7 @@ class _Run:
     dims: dict = field(default_factory=dict)
     header_sha: str = ""
     graph_sha: str = ""
+    names: dict = field(default_factory=dict)  # graph, data, header, weights: the profile's file names
 
     @property
     def L(self) -> dict:
@@ -164,7 +166,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     with closing(_Source(export_dir, run.model)) as src, output_folder(out_dir) as stage, ThreadPoolExecutor(1) as pool:
         # the schedules read the graph before the weights step rewrites its initializers; the tiers'
         # plans (pure Python) are then made on a thread while the kernel copies the weights
-        schedules = {phase: _write_schedule(run, stage, phase) for phase in ("prefill", "token")}
+        schedules = {phase: _write_schedule(run, stage, phase) for phase in _phases(run.settings)}
         planned = pool.submit(_tier_plans, run, schedules)
         entries = _write_weights(run, src, stage)
         operators = _write_header(run, entries, stage)
@@ -187,7 +189,8 @@ def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) 
     model = onnx.load(str(export_dir / graph_name), load_external_data=False)
     context = int(genai["model"].get("context_length") or 0) or None
     profile = profiles.for_model(profile, genai["model"].get("type"))
-    run = _Run(export_dir, quark_dir, profile, genai, model, lengths_for(profile, context), report=progress or (lambda what, done, total: None))
+    run = _Run(export_dir, quark_dir, profile, genai, model, lengths_for(profile, context), report=progress or (lambda what, done, total: None),
+               names=package_files(profile))
     npu_seq = run.settings.npu_seq
     if not is_power_of_two(npu_seq):
         run.findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {npu_seq} is not a power of two, but hybrid_opt_max_seq_length must be",
@@ -227,7 +230,8 @@ def _write_weights(run: _Run, src: _Source, stage: Path) -> dict:
     fg, max_length = run.fg, run.settings.max_length
     inits = {t.name: t for t in fg.model.graph.initializer}
     npu = set(fg.npu_initializers)
-    writer = formats.WeightsWriter(stage / "model.bin", ALIGNMENT)
+    names = run.names
+    writer = formats.WeightsWriter(stage / names["weights"], ALIGNMENT)
     try:
         for k, f in enumerate(fg.fused):
             for role, name in f.weights:
@@ -242,15 +246,15 @@ def _write_weights(run: _Run, src: _Source, stage: Path) -> dict:
                     view = view[: row * dims[0]]
                 writer.add(name, view, formats.ONNX_DTYPE[t.data_type], dims, source=src.span(name))
             run.report("model.bin", k + 1, len(fg.fused))
-        run.written["model.bin"] = writer.close()
+        run.written[names["weights"]] = writer.close()
     except BaseException:
         writer.abort()
         raise
     for name, e in writer.entries.items():
-        _external(inits[name], "model.bin", e["offset"], e["size"], e["shape"])
-    run.written["model.onnx.data"] = _write_cpu_data(fg.cpu_initializers, inits, src, stage / "model.onnx.data")
-    onnx.save_model(fg.model, str(stage / "model.onnx"))
-    run.written["model.onnx"] = (stage / "model.onnx").stat().st_size
+        _external(inits[name], names["weights"], e["offset"], e["size"], e["shape"])
+    run.written[names["data"]] = _write_cpu_data(fg.cpu_initializers, inits, src, stage / names["data"])
+    onnx.save_model(fg.model, str(stage / names["graph"]))
+    run.written[names["graph"]] = (stage / names["graph"]).stat().st_size
     run.report("weights", 1, 1)
     return writer.entries
 
@@ -265,7 +269,7 @@ def _write_cpu_data(names, inits: dict, src: _Source, path: Path) -> int:
             start = formats.align(pos, ALIGNMENT if len(view) >= ALIGNMENT else 64)
             formats.put_bytes(fh.fileno(), view, start, src.span(name))
             pos = start + len(view)
-            _external(inits[name], "model.onnx.data", start, len(view))
+            _external(inits[name], path.name, start, len(view))
         os.ftruncate(fh.fileno(), pos)
     return pos
 
@@ -274,7 +278,7 @@ def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
     """model.pb.bin, the header indexing model.bin; returns its operators."""
     from stages.fuse.graph import DOMAIN
 
-    fg, profile, L = run.fg, run.profile, run.L
+    fg, profile, L, names = run.fg, run.profile, run.L, run.names
     operators = [{
         "name": f.name, "op_type": f.op_type, "function": f"{DOMAIN}.{f.function}", "layer": f.layer, "device": "npu",
         "meta": f"cache/{f.name}_meta.json", "inputs": f.inputs, "outputs": f.outputs,
@@ -283,17 +287,17 @@ def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
     } for f in fg.fused]
     header = {
         "format": formats.HEADER_FORMAT, "format_version": formats.FORMAT_VERSION,
-        "generator": "raipack fuse (reference backend)", "weights_file": "model.bin", "weights_size": run.written["model.bin"],
-        "alignment": ALIGNMENT, "graph": "model.onnx", "profile": profile["id"], "release": profile.get("release"),
+        "generator": "raipack fuse (reference backend)", "weights_file": names["weights"], "weights_size": run.written[names["weights"]],
+        "alignment": ALIGNMENT, "graph": names["graph"], "profile": profile["id"], "release": profile.get("release"),
         "model": run.dims, "packing": {"MatMulNBits": formats.MATMULNBITS_PACKING},
         "tiers": {"prefill": L["prefill"], "token": L["token"], "max_length": L["max_length"], "node": NODE},
         "operators": operators, "cpu_nodes": fg.cpu_nodes,
     }
     header_bytes = formats.encode_header(header)
-    (stage / "model.pb.bin").write_bytes(header_bytes)
-    run.written["model.pb.bin"] = len(header_bytes)
+    (stage / names["header"]).write_bytes(header_bytes)
+    run.written[names["header"]] = len(header_bytes)
     run.header_sha = formats.sha256_hex(header_bytes)
-    run.graph_sha = sha256_file(stage / "model.onnx")
+    run.graph_sha = sha256_file(stage / names["graph"])
     return operators
 
 
@@ -312,7 +316,7 @@ def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
         (cache / f"{f.name}.const").write_bytes(desc)
         tmap = {"descriptor": {"file_name": f"{f.name}.const", "file_size": len(desc)}}
         for t in op["tensors"]:
-            tmap[t["role"]] = {"packed_buffer_label": "model.bin", "offset": t["offset"], "size_in_bytes": t["size"]}
+            tmap[t["role"]] = {"packed_buffer_label": run.names["weights"], "offset": t["offset"], "size_in_bytes": t["size"]}
         ops = f.npu_ops()
         for o in ops:
             if o["type"] == "MladfMatMul":
@@ -320,9 +324,15 @@ def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
         run.written[f"cache/{f.name}_meta.json"] = _json(cache / f"{f.name}_meta.json", {
             "dd_meta_major_version": 1, "dd_meta_minor_version": 4, "op_list": ops, "tensor_map": tmap, "state_table_updates": [],
             "raipack": {"format": "raipack-cache-meta", "format_version": 1, "node": f.name, "op_type": f.op_type, "layer": f.layer,
-                        "header": "model.pb.bin", "note": "raipack's open layout; not AMD's dynamic-dispatch format"}})
+                        "header": run.names["header"], "note": "raipack's open layout; not AMD's dynamic-dispatch format"}})
         run.written[f"cache/{f.name}.const"] = len(desc)
     run.report("cache", 1, 1)
+
+
+def _phases(S: NpuSettings) -> list[str]:
+    """The phases with compiled tiers, each with its shared schedule and plans (none in a tierless
+    hybrid layout, whose decode runs on the iGPU)."""
+    return [phase for phase, tiers in (("prefill", S.prefill), ("token", S.token)) if tiers]
 
 
 def _tier_jobs(S: NpuSettings) -> dict:
@@ -335,6 +345,8 @@ def _tier_plans(run: _Run, schedules: dict) -> list[tuple[str, int, bytes]]:
     (cache/decoder_<phase>.schedule.json; pipeline/npu/plans.py)."""
     out = []
     for phase, tiers in _tier_jobs(run.settings).items():
+        if not tiers:
+            continue
         sched, ref = schedules[phase]
         for tier, seq, window in tiers:
             plan = plans.tier_plan(sched, ref, tier=tier, seq=seq, window=window, max_length=run.settings.max_length, model=run.dims, io=_plan_io(run))
@@ -408,11 +420,11 @@ def _write_configs(run: _Run, stage: Path) -> None:
     if (stage / "generation_config.json").is_file():
         gen_cfg = json.loads((stage / "generation_config.json").read_text("utf-8"))
     L = run.L
-    new_genai = _genai_config(run.genai, run.settings.provider_options(run.profile), L, gen_cfg)
+    new_genai = _genai_config(run.genai, run.settings.provider_options(run.profile), L, gen_cfg, run.names["graph"])
     run.written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
     run.written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
     run.written["config.json"] = _json(stage / "config.json", run.model_config)
-    card = _readme(run.model_config, run.profile, L, run.fg, run.written, run.findings)
+    card = _readme(run.model_config, run.profile, L, run)
     (stage / "README.md").write_text(card, "utf-8")
     run.written["README.md"] = len(card.encode())
     for name in copied:
@@ -446,14 +458,14 @@ def _counts(fused) -> dict:
     return out
 
 
-def _genai_config(genai: dict, opts: dict, L: dict, gen_cfg: dict) -> dict:
+def _genai_config(genai: dict, opts: dict, L: dict, gen_cfg: dict, graph: str) -> dict:
     doc = json.loads(json.dumps(genai))
     dec = doc["model"]["decoder"]
     session = dict(dec.get("session_options") or {})
     session.setdefault("log_id", "onnxruntime-genai")
     session["provider_options"] = [{"RyzenAI": opts}]
     dec["session_options"] = session
-    dec["filename"] = "model.onnx"
+    dec["filename"] = graph
     search = doc.setdefault("search", {})
     search["max_length"] = L["max_length"]
     if L["chunk_size"]:
@@ -468,16 +480,17 @@ def _genai_config(genai: dict, opts: dict, L: dict, gen_cfg: dict) -> dict:
     return doc
 
 
-def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findings: list) -> str:
+def _readme(model_config: dict, profile: dict, L: dict, run: _Run) -> str:
+    fg, written, findings, names = run.fg, run.written, run.findings, run.names
     name = model_config.get("_name_or_path") or (model_config.get("architectures") or ["model"])[0]
     name = str(name).rstrip("/").rsplit("/", 1)[-1] or "model"
     w = (model_config.get("quantization_config") or {}).get("global_quant_config", {}).get("weight", {})
     counts = _counts(fg.fused)
     lines = [
         f"# {name} — raipack reference package ({profile['id']})", "",
-        "This folder follows the file layout of AMD's Ryzen AI 1.8 NPU packages (`model.onnx`, `model.onnx.data`, "
-        "`model.bin`, `model.pb.bin`, `cache/`, `dd_metastate_*`, `genai_config.json`, `rai_config.json`).", "",
-        "**The binary files (`model.bin`, `model.pb.bin`, `cache/*.const`, `dd_metastate_*`) are in raipack's own documented "
+        f"This folder follows the file layout of AMD's Ryzen AI {profile.get('release')} {_kind(L)} packages (`{names['graph']}`, `{names['data']}`, "
+        f"`{names['weights']}`, `{names['header']}`, `cache/`{', `dd_metastate_*`' if L['prefill'] else ''}, `genai_config.json`, `rai_config.json`).", "",
+        f"**The binary files (`{names['weights']}`, `{names['header']}`, `cache/*.const`{', `dd_metastate_*`' if L['prefill'] else ''}) are in raipack's own documented "
         "open format (docs/formats.md in the raipack repository). They are NOT loadable by AMD's proprietary Ryzen AI runtime "
         "or by `model_generate` output consumers; only raipack's reference runtime executes this package (on the CPU, the way "
         "the NPU runtime would: static KV buffer, prompts padded to a tier, one token at a time).**", "",
@@ -485,10 +498,9 @@ def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findi
         f"- Quantization: {w.get('dtype', 'uint4')}, group size {w.get('group_size', '?')}, "
         f"{'symmetric' if w.get('symmetric') else 'asymmetric'} (Quark; `config.json` keeps its `quantization_config`).",
         "- Fused operators (domain `ai.raipack`, each an ONNX local function): " + ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items())) + ".",
-        f"- Maximum length {L['max_length']} tokens; prefill tiers {L['prefill']}; token tiers {L['token']}; "
-        f"chunked prefill {'on (chunk ' + str(L['chunk_size'] or L['npu_seq']) + ')' if L['chunked'] else 'off'}.",
+        _lengths_line(L),
         "- Longest prompt per Ryzen AI version (`rai_config.json`): " + ", ".join(f"{v}: {n}" for v, n in sorted(L["max_prompt_length"].items())) + ".",
-        f"- `model.bin` {written.get('model.bin', 0)} bytes (NPU side), `model.onnx.data` {written.get('model.onnx.data', 0)} bytes (CPU side).",
+        f"- `{names['weights']}` {written.get(names['weights'], 0)} bytes (NPU side), `{names['data']}` {written.get(names['data'], 0)} bytes (CPU side).",
     ]
     left = [n for n in fg.cpu_nodes if n["why"] == "not fused"]
     if left or findings:
@@ -497,3 +509,15 @@ def _readme(model_config: dict, profile: dict, L: dict, fg, written: dict, findi
     lines += ["", "## Run it", "", "```sh", "raipack run <this folder> --prompt \"What is the capital of France?\"", "```", "",
               "`raipack validate <this folder>` checks it first; `raipack run --help` lists the options.", ""]
     return "\n".join(lines)
+
+
+def _kind(L: dict) -> str:
+    return "NPU" if L["prefill"] else "hybrid (NPU prefill, iGPU decode)"
+
+
+def _lengths_line(L: dict) -> str:
+    if not L["prefill"]:
+        return (f"- Maximum length {L['max_length']} tokens (one KV buffer, decoded on the iGPU); one NPU prefill pass "
+                f"takes up to {L['npu_seq']} tokens (`hybrid_opt_max_seq_length`); no tiers, no `dd_metastate_*`.")
+    return (f"- Maximum length {L['max_length']} tokens; prefill tiers {L['prefill']}; token tiers {L['token']}; "
+            f"chunked prefill {'on (chunk ' + str(L['chunk_size'] or L['npu_seq']) + ')' if L['chunked'] else 'off'}.")

@@ -30,6 +30,17 @@ def tier_prompt(tokenizer, length: int) -> list[int]:
     return ids[:length]
 
 
+def prompt_lengths(tiers: list[int], max_prompt: int, max_tier: int, new_tokens: int) -> list[tuple[int, int]]:
+    """(tier, prompt length) of the prompts checked against the export: one inside each prefill tier
+    up to `max_tier` and the longest prompt, above the tier below; a package without tiers (hybrid:
+    unpadded NPU prefill) gets one prompt as long as it takes with `new_tokens` after it, within `max_tier`."""
+    cap = min(max_tier, max_prompt)
+    if not tiers:
+        return [(cap, max(1, cap - new_tokens))]
+    inside = [t for t in tiers if t <= cap]
+    return [(t, max((inside[i - 1] if i else 0) + 1, t - 3)) for i, t in enumerate(inside)]
+
+
 def run(job: Job) -> dict:
     from pipeline.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
     from pipeline.runtime.ortloop import OrtDecoder
@@ -62,12 +73,10 @@ def run(job: Job) -> dict:
     report.update(answer=tok.decode(answer_tokens, skip_special_tokens=True).strip(), finite=main.finite,
                   tokens_match_export=list(main.tokens) == list(expected), ttft_s={str(len(fixed)): round(main.ttft, 4)},
                   decode_tokens_per_s=round(main.decode_tps, 1))
-    tiers = [t for t in runtime.prefill_tiers if t <= min(cfg.max_tier, runtime.max_prompt_length)]
     per_tier = []
-    with job.progress.task("prefill tiers", len(tiers)) as advance:
-        for i, t in enumerate(tiers):
-            low = tiers[i - 1] if i else 0
-            length = max(low + 1, t - 3)  # inside the tier, above the one below
+    lengths = prompt_lengths(runtime.prefill_tiers, runtime.max_prompt_length, cfg.max_tier, cfg.tier_new_tokens)
+    with job.progress.task("prefill tiers", len(lengths)) as advance:
+        for t, length in lengths:
             ids = tier_prompt(tok, length)
             got = timed_generate(runtime, ids, cfg.tier_new_tokens, stop_at_eos=False)
             want, _ = reference.greedy(ids, cfg.tier_new_tokens)

@@ -203,9 +203,12 @@ def test_every_check_has_a_failing_case():
 @pytest.mark.parametrize("profile_id", sorted(p for p, v in all_profiles().items() if v["target"] == "reference"))
 def test_reference_packages_are_real_fused_packages(make_pkg, profile_id):
     """The factory's reference packages come from the fuse stage: raipack's header, every RP90x check run, clean."""
-    pkg = make_pkg(profile_id)
-    header = formats.read_header(pkg / "model.pb.bin")
-    assert header["profile"] == profile_id and header["operators"] and formats.header_problems(header, (pkg / "model.bin").stat().st_size) == []
+    from pipeline.npu import profile as profiles
+    from pipeline.npu.layout import package_files
+
+    pkg, names = make_pkg(profile_id), package_files(profiles.get(profile_id))  # model.pb.bin, or a hybrid's model_jit.pb.bin
+    header = formats.read_header(pkg / names["header"])
+    assert header["profile"] == profile_id and header["operators"] and formats.header_problems(header, (pkg / names["weights"]).stat().st_size) == []
     result = validate(pkg, verify_hashes=True)
     assert result.profile == profile_id and result.findings == []
     assert {"RP901", "RP902", "RP903", "RP904", "RP905", "RP906", "RP907"} <= set(result.checks_run)

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.data import load_data
+from stages.smoke.npu import LIBRARY
 
 PROBE_TIMEOUT_S = 120
 LOAD_CODE = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('loaded')"
@@ -134,7 +135,7 @@ def provider_known() -> tuple[bool | None, str]:
         (config / "genai_config.json").write_text(json.dumps(TINY_CONFIG))
         work = Path(empty) / "work"
         work.mkdir()
-        env = _child_env({"RYZENAI_EP_PATH": str(work / "absent" / "libonnxruntime_providers_ryzenai.so")})
+        env = _child_env({"RYZENAI_EP_PATH": str(work / "absent" / LIBRARY)})
         proc = _run([sys.executable, "-c", PROVIDER_CODE, str(config)], env, str(work))
     if isinstance(proc, str):
         return None, f"the probe {proc}"

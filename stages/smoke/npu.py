@@ -46,7 +46,8 @@ from pathlib import Path
 
 from pipeline.runtime.trust import first_line
 
-LIBRARY = "libonnxruntime_providers_ryzenai.so"
+LIBRARIES = {"win32": "onnxruntime_providers_ryzenai.dll"}  # the provider library's name where it is not a Linux .so
+LIBRARY = LIBRARIES.get(sys.platform, "libonnxruntime_providers_ryzenai.so")
 EP_ENV = "RYZENAI_EP_PATH"
 INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"
 INSTALL_DIRS = ("", "lib", "lib64", "deployment", "deployment/lib")  # where an install keeps the library

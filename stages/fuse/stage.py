@@ -6,13 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.core.errors import RaipackError
+from pipeline.core.errors import RaipackError, UsageError
 from pipeline.core.stage import Job, Stage
+
+SDK_KIND = "ryzenai-sdk-package"  # manifest kind of a package whose NPU files AMD's model_generate wrote
 
 
 @dataclass(frozen=True)
 class FuseConfig:
     backend: Literal["auto", "reference", "ryzenai-sdk"] = "auto"
+    # ryzenai-sdk only: override the target profile's `sdk` block (model_generate's recipe, 16 GB laptops, extra options)
+    recipe: Literal["full_fusion", "token_fusion", "eager", "basic"] | None = None
+    mem_optimize: bool = False
+    extra_options: dict | None = None
+
+    def sdk_options(self) -> list[str]:
+        """The [fuse] options set here that only the ryzenai-sdk backend reads."""
+        return [name for name, value in (("recipe", self.recipe), ("mem_optimize", self.mem_optimize), ("extra_options", self.extra_options)) if value]
 
 
 def reference_profile(target: dict) -> str:
@@ -23,10 +33,15 @@ def reference_profile(target: dict) -> str:
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
-    from stages.fuse.sdk import find_tool
+    from stages.fuse.sdk import find_module, find_tool
 
     if requested != "auto":
         return requested, f"--backend {requested}"
+    module, refused = find_module()
+    if refused:
+        raise RaipackError(refused, "remove or rename that file, or run raipack from another folder")
+    if module:
+        return "ryzenai-sdk", f"AMD's model_generate Python module found at {module}"
     tool = find_tool()
     if tool:
         return "ryzenai-sdk", f"AMD's model_generate found at {tool}"
@@ -43,7 +58,8 @@ def run(job: Job) -> dict:
     if backend == "ryzenai-sdk":
         from stages.fuse.sdk import generate
 
-        report = generate(job.profile, export, job.workdir)
+        report = generate(job.profile, export, job.workdir, job.config, untrusted=[p for p in job.inputs.values() if p])
+        report["manifest_kind"] = SDK_KIND  # AMD's formats: not a package whose NPU files raipack wrote (the reference profiles' marker)
     else:
         from stages.fuse.reference import fuse
 
@@ -62,10 +78,21 @@ def output_profile(job: Job) -> str:
 
 
 def preflight(config: FuseConfig, target: dict) -> None:
-    """The reference backend builds only targets that have a reference profile (not hybrid ones)."""
+    """The reference backend builds only targets that have a reference profile and takes no model_generate
+    options; the ryzenai-sdk backend only targets whose profile has an `sdk` block, extra options as strings."""
     backend, _ = choose_backend(config.backend)
     if backend == "reference":
         reference_profile(target)
+        if config.sdk_options():
+            raise UsageError(f"[fuse] {config.sdk_options()[0]} is an option of AMD's model_generate (the ryzenai-sdk backend); the reference backend writes the target profile's layout and takes none",
+                             "remove it from the recipe, or build with --backend ryzenai-sdk on a machine with the Ryzen AI SDK")
+        return
+    from stages.fuse.sdk import call_settings
+
+    call_settings(target, config)
+    for key, value in (config.extra_options or {}).items():
+        if not isinstance(value, str):
+            raise UsageError(f"[fuse] extra_options.{key} is {value!r}; expected a string (model_generate takes every extra option as text)", f'write it as {key} = "{value}"')
 
 
 STAGE = Stage(
@@ -75,7 +102,7 @@ STAGE = Stage(
     inputs=("export", "quantize"),
     output_profile=output_profile,
     run=run,
-    tools=("onnx", "onnxruntime", "numpy"),
+    tools=("onnx", "onnxruntime", "numpy", "model-generate"),
     kind="package",
     preflight=preflight,
 )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from pipeline.build import cache, logs, stages, staging, swap
+from pipeline.build import cache, handover, logs, stages, staging, swap
 from pipeline.build.config import config_dict, parse_config
 from pipeline.build.crash import stage_crashed
 from pipeline.build.inputs import check_model_dir
@@ -89,11 +89,14 @@ def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
 
 
 def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
-          progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False) -> BuildResult:
+          progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False,
+          inputs: handover.Handover | None = None) -> BuildResult:
+    """Run the stages; `inputs` (a hand-over, pipeline/build/handover.py) stands in for the stages before `from_`."""
     start = time.perf_counter()
     progress = progress or Progress("plain")
     profile = profiles.get(recipe.profile)
-    names, from_ = plan(until, from_)
+    names, from_ = plan(until, from_ or (inputs.next if inputs else None))
+    carried = handover.check_plan(inputs, names, from_) if inputs else []
     pkg_name = package_name(recipe, profile)
     out_root = Path(recipe.output)
     outputs: dict[str, Path] = {}
@@ -103,7 +106,8 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     if recipe.model is not None:  # before the output folder is made: a refused model leaves nothing behind
         outputs[model_stage] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
     _check_output_location(out_root)
-    for name in names:  # what a later stage would refuse, refused before the first one spends minutes
+    first = names.index(from_) if inputs else 0  # a hand-over build runs nothing before --from
+    for name in names[first:]:  # what a later stage would refuse, refused before the first one spends minutes
         st = stages.get(name)
         if st.preflight is not None:
             st.preflight(parse_config(st.config, recipe.stages.get(name), f"[{name}]"), profile)
@@ -113,7 +117,10 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         staging.sweep_cache(root)
         forcing = force
         for name in names:
-            if name == model_stage and recipe.model is not None:
+            if (name == model_stage and recipe.model is not None) or (names.index(name) < first and name not in carried):
+                continue
+            if name in carried:  # checked by digest when the hand-over was read
+                results.append(_take_carried(inputs, name, outputs, reports, progress))
                 continue
             if from_ == name:
                 forcing = True
@@ -132,7 +139,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
                 path, report = hit, _stored_report(hit)
                 status = "cached"
             else:
-                path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root)
+                path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs)
                 status = "built"
             outputs[name], reports[name] = path, report
             res = StageResult(name, status, time.perf_counter() - t0, ckey, str(path), report)
@@ -142,7 +149,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         package = None
         findings = []
         if package_stage in outputs:
-            package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root)
+            package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root, inputs)
         return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
     finally:
         staging.release(root)
@@ -162,7 +169,7 @@ def _stored_report(path: Path) -> dict:
     return doc.get("report", {})
 
 
-def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root) -> tuple[Path, dict]:
+def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs=None) -> tuple[Path, dict]:
     final = cache.entry(st.name, ckey, cache_root)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = final.parent / f".staging-{ckey}-{os.getpid()}"
@@ -179,9 +186,10 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
             raise stage_crashed(st.name, recipe, profile, exc) from exc
         report = _relocated(report, work, final)  # the staging folder's name never outlives it
         manifest.mark_incomplete(work)  # after run(): a stage gets an empty folder
-        lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i])} for i in st.inputs],
+        lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i]), **_carried(inputs, i)} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
-        doc = manifest.describe(work, st.kind or st.name, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
+        kind = report.pop("manifest_kind", None) or st.kind or st.name  # a stage may say its output is another kind of folder
+        doc = manifest.describe(work, kind, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
                                 lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile["id"]})
         _check_output(st, job, work, doc)
         if final.exists():  # an older entry under the same key: incomplete, or rebuilt with --force
@@ -191,6 +199,19 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
         cache.remove(work)
         raise
     return final, report
+
+
+def _take_carried(inputs, name: str, outputs: dict, reports: dict, progress) -> StageResult:
+    """A stage output from the hand-over: an input of the later stages, listed in the report as carried."""
+    c = inputs.outputs[name]
+    outputs[name], reports[name] = c.path, _stored_report(c.path)
+    progress.stage(name, "carried", 0.0, f"from {inputs.folder}")
+    return StageResult(name, "carried", 0.0, c.cache_key, str(c.path), reports[name])
+
+
+def _carried(inputs, stage: str) -> dict:
+    """What the lineage adds for an output carried in a hand-over: the hand-over file and the digest it was checked against."""
+    return handover.lineage(inputs, stage) if inputs and stage in inputs.outputs else {}
 
 
 def _relocated(value, work: Path, final: Path):
@@ -246,7 +267,7 @@ def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> 
     os.replace(tmp, link)
 
 
-def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path):
+def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path, inputs=None):
     """Copy the output of the package stage next to its build report, validate, rename into place."""
     prefix = f".{target.name}.staging-"
     staging.sweep_beside(target.parent, prefix, root)
@@ -256,14 +277,14 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
     work.mkdir()
     manifest.mark_incomplete(work)
     try:
-        _copy_tree(fused, work)
+        copy_tree(fused, work)
         draft = BuildResult(recipe, profile, results, target, time.perf_counter() - start)
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         from pipeline.build.model_card import append_build_numbers
 
         append_build_numbers(work / "README.md", draft.report())
-        doc = manifest.describe(work, "package", lineage={"inputs": [{"stage": stage, "path": str(fused), "sha256": cache.folder_digest(fused)}],
-                                "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key} for r in results]},
+        doc = manifest.describe(work, (manifest.read(fused) or {}).get("kind", "package"), lineage={"inputs": [{"stage": stage, "path": str(fused), "sha256": cache.folder_digest(fused)}],
+                                "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key, **_carried(inputs, r.name)} for r in results]},
                                 tools=draft.report()["tools"], extra={"target_profile": profile["id"]})
         result = _validate_with_manifest(work, doc)
         errors = [f for f in result.findings if f.severity == "error"]
@@ -278,10 +299,10 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
     return target, result.findings
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy a cache entry's files (not its manifest) into `dst`, each in storage of its own and
-    writable like a new file: a user editing the package never touches the cache."""
-    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(manifest.NAME, logs.LOG_NAME), dirs_exist_ok=True)
+def copy_tree(src: Path, dst: Path, ignore=(manifest.NAME, logs.LOG_NAME)) -> None:
+    """Copy a cache entry's files (by default not its manifest and log) into `dst`, each in storage of its own
+    and writable like a new file: a user editing the package (or a hand-over) never touches the cache."""
+    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(*ignore), dirs_exist_ok=True)
     umask = os.umask(0)
     os.umask(umask)
     for dirpath, _, _ in os.walk(dst):  # copytree gave the folders the entry's read-only mode

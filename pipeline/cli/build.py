@@ -20,7 +20,9 @@ from pipeline.core.errors import RaipackError, UsageError
 @click.option("--name", help="Model name in the package folder name.")
 @click.option("--output", "-o", help="Folder that receives the package (default: build).")
 @click.option("--until", help="Stop after this stage (source, quantize, export, fuse, smoke).")
-@click.option("--from", "from_", help="Rebuild from this stage on; earlier stages come from the cache.")
+@click.option("--from", "from_", help="Rebuild from this stage on; earlier stages come from the cache (or from --inputs).")
+@click.option("--handover", type=click.Path(path_type=Path), help="After an --until build, copy the outputs the remaining stages need, with handover.json, into this new folder (to finish the build on another machine).")
+@click.option("--inputs", type=click.Path(path_type=Path), help="A hand-over folder (--handover): its recipe and checked outputs stand in for the stages before --from (default: the first stage it does not carry).")
 @click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the cache.")
 @click.option("--verify-cache", is_flag=True, help="Hash every cached output against its manifest before using it (else only when its files' stat changed).")
 @click.option("--algorithm", type=click.Choice(["awq", "gptq", "rtn"]), help="Quantization algorithm (default awq).")
@@ -34,7 +36,7 @@ from pipeline.core.errors import RaipackError, UsageError
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
 @click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
 @click.option("--verbose", "-v", is_flag=True, help="Also show the libraries' own output live (always kept in each stage's log.txt).")
-def build(model_dir, recipe, profile, name, output, until, from_, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log, verbose):
+def build(model_dir, recipe, profile, name, output, until, from_, handover, inputs, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log, verbose):
     """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
     if group_size is not None and group_size != "auto":
         if not group_size.isdigit():
@@ -44,23 +46,32 @@ def build(model_dir, recipe, profile, name, output, until, from_, force, verify_
                  "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
                  "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
     mode = "json" if json_log else "quiet" if quiet else "auto"
-    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache, verbose=verbose))
+    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache, verbose=verbose,
+                       handover_dir=handover, inputs_dir=inputs))
 
 
-def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False, verbose=False) -> int:
+def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False, verbose=False,
+              handover_dir=None, inputs_dir=None) -> int:
     os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
     for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
         os.environ.setdefault(key, value)
 
+    from pipeline.build import handover
     from pipeline.build.progress import Progress
     from pipeline.build.recipe import load
     from pipeline.build.runner import build
 
     progress = Progress(mode, verbose=verbose)
-    recipe = load(Path(recipe_path) if recipe_path else None, overrides)
-    progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}" + (" (the example model)" if recipe.is_example else f" from {recipe.model}"))
+    carried = handover.read(inputs_dir) if inputs_dir is not None else None
+    recipe = handover.recipe_from(carried, recipe_path, overrides) if carried else load(Path(recipe_path) if recipe_path else None, overrides)
+    if handover_dir is not None:
+        handover.check_destination(handover_dir)
+    source = f" from the hand-over {inputs_dir}" if carried else " (the example model)" if recipe.is_example else f" from {recipe.model}"
+    progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}{source}")
     try:
-        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache)
+        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache, inputs=carried)
+        if handover_dir is not None:
+            progress.line(f"hand-over written: {handover.write(handover_dir, result)} (copy it whole; finish with `raipack build --inputs <folder>`)")
     except RaipackError:
         progress.event("build", status="failed")
         raise

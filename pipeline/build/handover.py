@@ -185,6 +185,15 @@ def recipe_from(handover: Handover, recipe_path, overrides: dict):
     return recipe
 
 
+def profile_drift(handover: Handover, profile: dict) -> str:
+    """A line when this raipack's target profile is not the one the hand-over was made with ("" when it is)."""
+    made = handover.doc.get("profile") or {}
+    if made.get("sha256") in (None, profile_digest(profile)):
+        return ""
+    return (f"warning: profile {profile['id']} here differs from the one the hand-over was made with (raipack "
+            f"{handover.doc.get('generator', {}).get('version', '?')}); the remaining stages use this one")
+
+
 def check_plan(handover: Handover, names: list[str], from_: str) -> list[str]:
     """The stages before `from_` the build takes from the hand-over; refuse one the stages from `from_` on need and it lacks."""
     start = names.index(from_)

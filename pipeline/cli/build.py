@@ -60,12 +60,15 @@ def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=Fal
     from pipeline.build.progress import Progress
     from pipeline.build.recipe import load
     from pipeline.build.runner import build
+    from pipeline.npu import profile as profiles
 
     progress = Progress(mode, verbose=verbose)
     carried = handover.read(inputs_dir) if inputs_dir is not None else None
     recipe = handover.recipe_from(carried, recipe_path, overrides) if carried else load(Path(recipe_path) if recipe_path else None, overrides)
     if handover_dir is not None:
         handover.check_destination(handover_dir)
+    if carried and (drift := handover.profile_drift(carried, profiles.get(recipe.profile))):
+        progress.line(drift, "yellow")
     source = f" from the hand-over {inputs_dir}" if carried else " (the example model)" if recipe.is_example else f" from {recipe.model}"
     progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}{source}")
     try:

@@ -159,3 +159,15 @@ def test_sdk_fuse_from_a_moved_handover_gets_the_carried_export(linux, tmp_path,
     assert (pkg / "model.pb.bin").is_file()
     doc = manifest.read(pkg)
     assert doc["kind"] == "ryzenai-sdk-package" and {s["name"] for s in doc["lineage"]["stages"] if s.get("carried")} == {"quantize", "export"}
+
+
+def test_a_changed_target_profile_is_named(linux, capsys):
+    from pipeline.npu.profile import get
+
+    carried = handover.read(linux)
+    assert handover.profile_drift(carried, get("1.8.0-npu-16K")) == ""
+    doc = json.loads((linux / handover.FILE).read_text())
+    doc["profile"]["sha256"] = "0" * 64
+    (linux / handover.FILE).write_text(json.dumps(doc))
+    assert cli(["build", "--inputs", str(linux), "--until", "fuse", "-o", "out"]) == 0
+    assert "profile 1.8.0-npu-16K here differs from the one the hand-over was made with" in capsys.readouterr().err

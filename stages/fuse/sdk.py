@@ -67,10 +67,10 @@ def find_module(untrusted=()) -> tuple[str | None, str]:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
         return None, f"the {name} module cannot be looked up ({first_line(exc)})"
-    if spec is None:
+    if spec is None or spec.origin is None:  # none, or a bare folder of that name (a namespace package holds no generate_model)
         return None, ""
-    if not spec.origin or not Path(spec.origin).is_file():
-        return None, f"the {name} module found on the import path is not a file raipack can check ({spec.origin or 'a namespace package'})"
+    if not Path(spec.origin).is_file():
+        return None, f"the {name} module found on the import path is not a file raipack can check ({spec.origin})"
     origin = Path(spec.origin).resolve()
     cwd = _cwd()
     for label, folder in [("the current folder", cwd), *(("an input of this build", Path(f).resolve()) for f in untrusted if f)]:

@@ -158,6 +158,17 @@ def test_a_module_inside_the_export_is_refused(fake_sdk, tmp_path, monkeypatch):
         run_generate(tmp_path, "1.8.0-npu-4K")
 
 
+def test_a_folder_named_like_the_module_is_not_an_install(tmp_path, monkeypatch):
+    """An output folder called model_generate in the cwd (a namespace package on a `python -m` path) is no SDK."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model_generate").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("RAIPACK_MODEL_GENERATE", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    assert sdk.find_module() == (None, "")
+    assert choose_backend("auto")[0] == "reference"
+
+
 def test_auto_prefers_the_python_module(fake_sdk):
     backend, why = choose_backend("auto")
     assert backend == "ryzenai-sdk" and "Python module" in why

@@ -67,13 +67,19 @@ def needed_after(until: str) -> list[str]:
     return [n for n in names[:end] if n in need]
 
 
-def check_destination(dest: Path) -> None:
-    """Before a build spends minutes: the hand-over folder must be new or empty, its parent writable."""
+def check_destination(dest: Path, until: str | None = None) -> None:
+    """Before a build spends minutes: something to carry after `until` (when given), the hand-over
+    folder new or empty, the nearest existing folder above it writable."""
     dest = Path(dest)
+    if until is not None and not needed_after(until):
+        raise UsageError(f"--handover: no stage after {until} needs an output of this build, so there is nothing to carry", "build with --until export --handover DIR")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"--handover {dest} exists and is not an empty folder", "name a new folder; a hand-over is never written over other files")
-    if not os.access(dest.parent if dest.parent != Path("") else Path("."), os.W_OK | os.X_OK):
-        raise UsageError(f"--handover {dest}: its parent folder is not writable", "choose another folder")
+    parent = dest.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--handover {dest}: {parent} is not writable", "choose another folder")
 
 
 def write(dest: Path, result) -> Path:

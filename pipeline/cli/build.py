@@ -56,7 +56,7 @@ def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=Fal
     for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
         os.environ.setdefault(key, value)
 
-    from pipeline.build import handover
+    from pipeline.build import handover, stages
     from pipeline.build.progress import Progress
     from pipeline.build.recipe import load
     from pipeline.build.runner import build
@@ -66,7 +66,7 @@ def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=Fal
     carried = handover.read(inputs_dir) if inputs_dir is not None else None
     recipe = handover.recipe_from(carried, recipe_path, overrides) if carried else load(Path(recipe_path) if recipe_path else None, overrides)
     if handover_dir is not None:
-        handover.check_destination(handover_dir)
+        handover.check_destination(handover_dir, until or stages.order()[-1])
     if carried and (drift := handover.profile_drift(carried, profiles.get(recipe.profile))):
         progress.line(drift, "yellow")
     source = f" from the hand-over {inputs_dir}" if carried else " (the example model)" if recipe.is_example else f" from {recipe.model}"

@@ -141,7 +141,8 @@ def test_handover_needs_a_new_folder_and_something_to_carry(tmp_path, monkeypatc
     Path("full").mkdir()
     (Path("full") / "x").write_text("x")
     assert cli(["build", "--until", "export", "--handover", "full"]) == 2
-    assert not Path("build").exists()  # refused before any stage ran
+    assert cli(["build", "--handover", "new/carry"]) == 2  # a whole build leaves nothing to carry
+    assert not Path("build").exists() and not Path("new").exists()  # refused before any stage ran
     with pytest.raises(UsageError, match="nothing to carry"):
         handover.write(Path("carry"), build(load(None, {})))
     assert not Path("carry").exists()

@@ -672,16 +672,16 @@ def test_a_validation_reads_the_header_and_small_metastate_files_once(monkeypatc
     assert opened["model.pb.bin"] == 1
 
 
-def test_hybrid_target_is_refused_before_any_stage_runs(tiny_llama, tmp_path, monkeypatch, capsys):
-    """The reference backend writes NPU packages only; a hybrid target is refused up front, not after
-    minutes of quantizing."""
+def test_target_without_reference_profile_is_refused_before_any_stage_runs(tiny_llama, tmp_path, monkeypatch, capsys):
+    """The reference backend builds only targets with a reference profile (1.7.1/1.8.0 NPU and hybrid);
+    an older hybrid target is refused up front, not after minutes of quantizing."""
     from pipeline.cli import main
 
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SystemExit) as info:
-        main(["build", str(tiny_llama), "--profile", "1.8.0-hybrid", "--output", str(tmp_path / "out"), "--backend", "reference"])
+        main(["build", str(tiny_llama), "--profile", "1.6-hybrid", "--output", str(tmp_path / "out"), "--backend", "reference"])
     out, err = capsys.readouterr()
     assert info.value.code == 2 and "Traceback" not in out + err  # a usage error: this target cannot be built
-    assert "profile 1.8.0-hybrid has no reference profile" in err and "1.8.0-npu-16K" in err
+    assert "profile 1.6-hybrid has no reference profile" in err and "1.8.0-npu-16K" in err and "1.8.0-hybrid" in err
     assert "quantize" not in out + err.split("ERROR")[0]
     assert not any((tmp_path / "cache").rglob("manifest.json"))

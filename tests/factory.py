@@ -396,7 +396,8 @@ def real_size_package(root, name: str, spec: dict) -> Path:
                        npu_bytes=(n - emb) // 2 + (n - emb) // 64,  # uint4 payload + scales and zero points
                        data_bytes=emb * 2)  # the bfloat16 embedding stays on the CPU side
     cfg = json.loads((pkg / "config.json").read_text())
-    write_json(pkg / "config.json", {**family["config"], "quantization_config": cfg["quantization_config"]})
+    if cfg:  # AMD's hybrid packages ship config.json = {}
+        write_json(pkg / "config.json", {**family["config"], "quantization_config": cfg["quantization_config"]})
     genai = json.loads((pkg / "genai_config.json").read_text())
     genai["model"]["type"] = family["config"]["model_type"]
     if block := sliding_block(family["config"]):

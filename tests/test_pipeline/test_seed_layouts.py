@@ -53,3 +53,19 @@ def test_seed_package_with_a_broken_cross_file_fact_fails(tmp_path, name):
     write_json(pkg / "genai_config.json", genai)
     errors = [f for f in validate(pkg).findings if f.severity == "error"]
     assert errors and any("key" in f.message.lower() and "head" in f.message.lower() for f in errors), errors
+
+
+HYBRID = {"Llama-3.2-3B-Instruct_rai_1.8.0_hybrid": {"family": "llama-3.2-3b", "profile": "1.8.0-hybrid"}}  # one: ~5 s at real size
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID))
+def test_amd_hybrid_package_validates_at_real_size(tmp_path, name):
+    """AMD's hybrid layout (model_jit.*, no tiers, the 1.7 hybrid RyzenAI options, config.json {}) at a
+    real model's size: clean, detected by its folder name."""
+    pkg = real_size_package(tmp_path, name, HYBRID[name])
+    assert (pkg / "model_jit.bin").stat().st_size > GiB and json.loads((pkg / "config.json").read_text()) == {}
+    result = validate(pkg)
+    assert result.profile == HYBRID[name]["profile"] and "folder name" in result.profile_reason
+    assert [f for f in result.findings if f.severity in ("error", "warning")] == []
+    opts, _ = ryzenai_options(json.loads((pkg / "genai_config.json").read_text()))
+    assert opts == {"external_data_file": "model_jit.pb.bin", "hybrid_opt_free_after_prefill": "1", "hybrid_opt_max_seq_length": "4096"}

@@ -190,3 +190,12 @@ def test_build_for_a_hybrid_target_runs_fuse_and_smoke(tmp_path, monkeypatch, re
     check = validate(pkg, "auto")
     assert check.profile == f"reference-{release}-hybrid" and not check.findings, errors(check)
     assert not errors(validate(pkg, f"{release}-hybrid"))
+
+
+def test_hybrid_runtime_refuses_a_pass_beyond_its_kv_buffer(tmp_path):
+    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+
+    pkg = shutil.copytree(reference_package("reference-1.8.0-hybrid"), tmp_path / "pkg")
+    set_options(pkg, hybrid_opt_max_seq_length="8192")
+    with pytest.raises(PackageError, match="hybrid_opt_max_seq_length is 8192"):
+        ReferenceRuntime(pkg, threads=1, verify="sizes")

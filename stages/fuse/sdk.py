@@ -96,7 +96,7 @@ def call_settings(profile: dict, config=None) -> dict:
                          "build a 1.7.1 or 1.8.0 target (see `raipack profiles`), or use --backend reference")
     extra = dict(block.get("extra_options", {}))
     extra.update(getattr(config, "extra_options", None) or {})
-    return {"mode": block["mode"], "recipe": getattr(config, "recipe", None) or block.get("recipe"),
+    return {"mode": block["mode"], "input": block.get("input", "export"), "recipe": getattr(config, "recipe", None) or block.get("recipe"),
             "mem_optimize": bool(getattr(config, "mem_optimize", False) or block.get("mem_optimize", False)), "extra_options": extra}
 
 
@@ -113,7 +113,7 @@ def argv(tool: str, call: dict, export_dir: Path, out_dir: Path) -> list[str]:
 
 
 def generate(profile: dict, export_dir: Path, out_dir: Path, config=None, untrusted=()) -> dict:
-    """Run model_generate on the exported OGA folder into `out_dir`; its report, `sdk` saying how it ran."""
+    """Run model_generate on `export_dir` (the OGA export, or the Quark folder where the profile's `sdk.input` says so) into `out_dir`; its report, `sdk` saying how it ran."""
     call = call_settings(profile, config)
     module, why = find_module([export_dir, out_dir, *untrusted])
     if why:

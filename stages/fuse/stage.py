@@ -56,9 +56,10 @@ def run(job: Job) -> dict:
     export = job.inputs["export"]
     quark = job.inputs.get("quantize")
     if backend == "ryzenai-sdk":
-        from stages.fuse.sdk import generate
+        from stages.fuse.sdk import call_settings, generate
 
-        report = generate(job.profile, export, job.workdir, job.config, untrusted=[p for p in job.inputs.values() if p])
+        given = job.inputs.get(call_settings(job.profile, job.config)["input"]) or export  # hybrid: the Quark folder (AMD's flow exports for DirectML itself)
+        report = generate(job.profile, given, job.workdir, job.config, untrusted=[p for p in job.inputs.values() if p])
         report["manifest_kind"] = SDK_KIND  # AMD's formats: not a package whose NPU files raipack wrote (the reference profiles' marker)
     else:
         from stages.fuse.reference import fuse

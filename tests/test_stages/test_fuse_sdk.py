@@ -226,6 +226,16 @@ def test_a_complete_package_passes_and_records_how_it_ran(runner_env, fake_sdk):
     assert [c["recipe"] for c in recorded(fake_sdk)] == ["token_fusion", "basic"]
 
 
+def test_a_hybrid_target_hands_model_generate_the_quark_folder(runner_env, fake_sdk, monkeypatch):
+    """AMD's hybrid flow makes its own DirectML export: given an OGA folder it would skip it (profile sdk.input)."""
+    monkeypatch.setenv("FAKE_MG_PACKAGE", str(make_package(runner_env / "amd-hybrid", "1.8.0-hybrid", name="pkg")))
+    result = sdk_build(profile="1.8.0-hybrid")
+    (call,) = recorded(fake_sdk)
+    by_name = {s.name: s for s in result.stages}
+    assert call["mode"] == "hybrid" and call["input_model"] == str(by_name["quantize"].path) != str(by_name["export"].path)
+    assert by_name["fuse"].report["sdk"]["input"] == "quantize" and result.package is not None
+
+
 @pytest.mark.parametrize("drop, named", [
     ("model.pb.bin", "model.pb.bin"),
     ("genai_config.json", "genai_config.json"),

@@ -41,6 +41,7 @@ from pipeline.npu import profile as profiles
 from pipeline.npu.formats import ALIGNMENT
 from pipeline.npu.layout import package_files
 from pipeline.npu.settings import NpuSettings, is_power_of_two
+from pipeline.runtime.prompts import defaults, write_prompts_file
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
 CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -424,6 +425,9 @@ def _write_configs(run: _Run, stage: Path) -> None:
     run.written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
     run.written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
     run.written["config.json"] = _json(stage / "config.json", run.model_config)
+    prompts = write_prompts_file(stage, [n for n in defaults()["lengths"] if n <= (run.settings.prompt_limit(run.profile, run.profile["release"]) or (0,))[0]])
+    if prompts:  # what raipack bench runs, as AMD's packages ship it; written now, since a sealed package is never edited
+        run.written["prompts.txt"] = prompts
     card = _readme(run.model_config, run.profile, L, run)
     (stage / "README.md").write_text(card, "utf-8")
     run.written["README.md"] = len(card.encode())

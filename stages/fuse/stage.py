@@ -98,7 +98,7 @@ def preflight(config: FuseConfig, target: dict) -> None:
 
 STAGE = Stage(
     name="fuse",
-    version="1",
+    version="2",  # 2: writes prompts.txt
     config=FuseConfig,
     inputs=("export", "quantize"),
     output_profile=output_profile,

@@ -1,0 +1,52 @@
+"""`raipack bench`: TTFT, tokens per second and peak memory per prompt length."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.cli.main import cli
+
+
+@cli.command("bench")
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("-l", "--lengths", help="Prompt lengths in tokens, comma-separated (default 2048,1024,512,256,128, those the package takes).")
+@click.option("-g", "--gen-tokens", type=click.IntRange(1, 100000), default=128, show_default=True, help="Tokens generated after each prompt.")
+@click.option("--runs", type=click.IntRange(1, 1000), default=3, show_default=True, help="Timed runs per length (median, min, max).")
+@click.option("--warmup", type=click.IntRange(0, 100), default=1, show_default=True, help="Untimed runs first.")
+@click.option("--backend", type=click.Choice(["npu", "reference", "oga"]), help="One backend only (default: reference and oga side by side).")
+@click.option("--export", "export", type=click.Path(path_type=Path, file_okay=False, exists=True), help="The unfused export (default: found through manifest.json's lineage in the build cache).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write here instead of stdout.")
+def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, output):
+    """Measure a package the way AMD's model_benchmark does: per prompt length, the
+    time to first token, decode tokens per second and peak memory, with the backend
+    that really ran; by default the package (reference runtime) beside its unfused
+    export (onnxruntime-genai) and the ratio of every figure.
+
+    \b
+    Exit codes:
+      0  measured
+      1  a backend cannot run here (--backend npu without the Ryzen AI runtime,
+         a package that does not run)
+      2  usage error: PACKAGE is not a folder, a length that is not a positive
+         whole number or is above the package's prompt limit, a bad option
+    """
+    from pipeline.benchmark import bench, make_plan, parse_lengths
+    from pipeline.benchmark.render import as_csv, as_json, as_text
+    from pipeline.core.output import atomic_write_text
+
+    asked = parse_lengths(lengths) if lengths is not None else None
+    plan = make_plan(package, asked, gen_tokens, runs, warmup, backend, export)
+    for backend_name, folder in plan.backends:
+        click.echo(f"measuring {backend_name} on {folder} ...", err=True)
+    doc = bench(plan)
+    text = {"text": as_text, "json": as_json, "csv": as_csv}[fmt](doc)
+    if output:
+        atomic_write_text(output, text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(0)

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
-.PHONY: demo test test-fast lint validate-light bench bench-real constraints clean distclean
+.PHONY: demo test test-fast lint chromium validate-light bench bench-real constraints clean distclean
 
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside
@@ -52,7 +52,12 @@ SLOWLOG := build/test-logs
 TEST_LIMIT ?= 600
 SLOW_LIMIT ?= 2400
 GUARD = -o faulthandler_exit_on_timeout=true -o faulthandler_timeout=
-test: $(STAMP) $(LIGHT)/.installed
+# tests/test_pipeline/test_report_html.py opens report.html in a real browser: Debian's chromium,
+# installed here when missing (apt-get: run as root). Without it that test fails, it never skips quietly.
+chromium:
+	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
+
+test: $(STAMP) $(LIGHT)/.installed chromium
 	@mkdir -p $(SLOWLOG) && rm -f $(SLOWLOG)/slow.log $(SLOWLOG)/slow.rc
 	@echo "raipack: the slow tests run beside the fast ones; their output follows (also in $(SLOWLOG)/slow.log)"
 	@( OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -m slow --durations=5 -p no:cacheprovider $(GUARD)$(SLOW_LIMIT) > $(SLOWLOG)/slow.log 2>&1; echo $$? > $(SLOWLOG)/slow.rc ) & \

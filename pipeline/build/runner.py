@@ -149,7 +149,8 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         package = None
         findings = []
         if package_stage in outputs:
-            package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root, inputs)
+            package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root, inputs,
+                                          warn=partial(progress.line, style="yellow"))
         return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
     finally:
         staging.release(root)
@@ -267,7 +268,7 @@ def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> 
     os.replace(tmp, link)
 
 
-def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path, inputs=None):
+def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path, inputs=None, warn=print):
     """Copy the output of the package stage next to its build report, validate, rename into place."""
     prefix = f".{target.name}.staging-"
     staging.sweep_beside(target.parent, prefix, root)
@@ -282,7 +283,8 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         from pipeline.build.model_card import append_build_numbers
 
-        append_build_numbers(work / "README.md", draft.report())
+        append_build_numbers(work / "README.md", draft.report(),  # the source model: base_model and license of the card
+                             source=Path(recipe.model) if recipe.model else next((Path(r.path) for r in results if r.name == stages.of_kind(stages.MODEL_KIND)), None))
         doc = manifest.describe(work, (manifest.read(fused) or {}).get("kind", "package"), lineage={"inputs": [{"stage": stage, "path": str(fused), "sha256": cache.folder_digest(fused)}],
                                 "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key, **_carried(inputs, r.name)} for r in results]},
                                 tools=draft.report()["tools"], extra={"target_profile": profile["id"]})
@@ -290,6 +292,10 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:
             raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
+        from pipeline.report.page import write_build_page  # report.html: after validation (its findings), listed in the manifest
+
+        page = write_build_page(work, json.loads((work / "report.json").read_text()), result.findings, result.profile, warn)
+        doc["files"] = sorted(doc["files"] + ([page] if page else []), key=lambda f: Path(f["path"]).parts)
         manifest.put(work, doc)
         (work / manifest.INCOMPLETE).unlink()
         swap.replace_dir(work, target)  # the package name always holds a finished package

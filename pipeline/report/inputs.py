@@ -1,0 +1,104 @@
+"""Reading the report's inputs: a build's report.json, `raipack bench` JSON, `raipack eval` JSON.
+
+Each is untrusted: read with a size cap, its shape checked before use, and a bad one is one
+sentence naming the file and the field (UsageError, exit 2) before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.core.errors import UsageError
+
+MAX_BYTES = 64 << 20
+
+
+def read_json(path: Path, what: str) -> dict:
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise UsageError(f"{path} is larger than {MAX_BYTES >> 20} MiB; expected {what}", "give the file raipack wrote")
+        doc = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist; expected {what}", "give the path of the file raipack wrote") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} cannot be read: {getattr(exc, 'strerror', None) or exc}", "check the file and its permissions") from None
+    except ValueError as exc:
+        raise UsageError(f"{path} is not JSON ({exc}); expected {what}", "give the file raipack wrote") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path} holds a JSON {type(doc).__name__}; expected {what} (an object)", "give the file raipack wrote")
+    return doc
+
+
+def _bad(path: Path, field: str, expected: str, hint: str):
+    return UsageError(f"{path}: field {field} is not {expected}", hint)
+
+
+def build_report(path: Path) -> dict:
+    """report.json of a raipack build, its stages checked enough to draw them."""
+    doc = read_json(path, "a raipack build report")
+    hint = "report.json is written by `raipack build`; rebuild the package, or remove the file to report on the package alone"
+    if doc.get("format") != "raipack-build-report":
+        raise _bad(path, "format", '"raipack-build-report"', hint)
+    stages = doc.get("stages")
+    if not isinstance(stages, list):
+        raise _bad(path, "stages", "a list", hint)
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict) or not isinstance(st.get("name"), str) or not _number(st.get("seconds")):
+            raise _bad(path, f"stages[{i}]", "an object with a name and seconds", hint)
+        if not isinstance(st.get("report", {}), dict):
+            raise _bad(path, f"stages[{i}].report", "an object", hint)
+    for key in ("tools", "findings"):
+        if not isinstance(doc.get(key, {} if key == "tools" else []), dict if key == "tools" else list):
+            raise _bad(path, key, "an object" if key == "tools" else "a list", hint)
+    return doc
+
+
+def bench(path: Path) -> dict:
+    """`raipack bench --format json` output: rows of prompt length, TTFT and tokens/s."""
+    doc = read_json(path, "raipack bench JSON")
+    hint = "write it with `raipack bench PACKAGE --format json -o bench.json`"
+    if doc.get("format") != "raipack-bench":
+        raise _bad(path, "format", '"raipack-bench"', hint)
+    rows = doc.get("rows")
+    if not isinstance(rows, list):
+        raise _bad(path, "rows", "a list", hint)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("backend"), str) or not _count(row.get("prompt_tokens")):
+            raise _bad(path, f"rows[{i}]", "an object with a backend and prompt_tokens", hint)
+        for key in ("ttft_ms", "tokens_per_s"):
+            stats = row.get(key)
+            if not isinstance(stats, dict) or not all(_number(v) for v in stats.values()) or not _number(stats.get("median")):
+                raise _bad(path, f"rows[{i}].{key}", "an object of numbers with a median", hint)
+    return doc
+
+
+def evaluation(path: Path) -> dict:
+    """`raipack eval --output` JSON: lm-eval's results, or raipack's chain of them."""
+    doc = read_json(path, "raipack eval JSON (lm-eval's results format)")
+    hint = "write it with `raipack eval TARGET --tasks ... --output eval.json`"
+    chain = (doc.get("raipack") or {}).get("chain") if isinstance(doc.get("raipack"), dict) else None
+    if chain is not None:
+        if not isinstance(chain, list):
+            raise _bad(path, "raipack.chain", "a list", hint)
+        for i, link in enumerate(chain):
+            if not isinstance(link, dict) or not isinstance(link.get("stage"), str):
+                raise _bad(path, f"raipack.chain[{i}]", "an object with a stage", hint)
+            _results(path, link.get("results"), f"raipack.chain[{i}].results", hint)
+        return doc
+    _results(path, doc.get("results"), "results", hint)
+    return doc
+
+
+def _results(path: Path, results, field: str, hint: str) -> None:
+    if not isinstance(results, dict) or not all(isinstance(v, dict) for v in results.values()):
+        raise _bad(path, field, "an object of tasks, each an object of metrics", hint)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0

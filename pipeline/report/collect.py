@@ -91,8 +91,8 @@ def eval_tables(doc: dict | None) -> dict | None:
                     continue
                 metric = key.split(",")[0]
                 stderr = metrics.get(key.replace(metric, f"{metric}_stderr", 1))
-                rows.append({"stage": link.get("stage"), "task": task, "metric": metric, "value": value,
-                             "stderr": stderr if isinstance(stderr, (int, float)) else None, "drop": _drop(link.get("drop"), task)})
+                rows.append({"stage": link.get("stage"), "ran_on": link.get("ran_on") or meta.get("ran_on"), "task": task, "metric": metric, "value": value,
+                             "stderr": stderr if isinstance(stderr, (int, float)) else None, "drop": _drop(link.get("drop"), task, key)})
     return {"rows": rows, "ran_on": meta.get("ran_on"), "chain": "chain" in meta}
 
 
@@ -119,10 +119,12 @@ def _smoke(stages: list[dict]) -> dict:
     return {}
 
 
-def _drop(drop, task: str):
-    if isinstance(drop, dict):
-        drop = drop.get(task)
-    return drop if isinstance(drop, (int, float)) and not isinstance(drop, bool) else None
+def _drop(drop, task: str, key: str):
+    """The drop against the source: raipack eval's {task: {metric key: {"vs_source": ...}}}, or a plain number."""
+    for step in (task, key, "vs_source"):
+        if isinstance(drop, dict):
+            drop = drop.get(step)
+    return drop if inputs._number(drop) else None
 
 
 def _increase(v):

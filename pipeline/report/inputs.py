@@ -37,13 +37,8 @@ def _bad(path: Path, field: str, expected: str, hint: str):
 
 def build_report(path: Path) -> dict:
     """report.json of a raipack build, its stages checked enough to draw them."""
-    doc = read_json(path, "a raipack build report")
     hint = "report.json is written by `raipack build`; rebuild the package, or remove the file to report on the package alone"
-    if doc.get("format") != "raipack-build-report":
-        raise _bad(path, "format", '"raipack-build-report"', hint)
-    stages = doc.get("stages")
-    if not isinstance(stages, list):
-        raise _bad(path, "stages", "a list", hint)
+    doc, stages = _document(path, "a raipack build report", "raipack-build-report", "stages", hint)
     for i, st in enumerate(stages):
         if not isinstance(st, dict) or not isinstance(st.get("name"), str) or not _number(st.get("seconds")):
             raise _bad(path, f"stages[{i}]", "an object with a name and seconds", hint)
@@ -57,13 +52,8 @@ def build_report(path: Path) -> dict:
 
 def bench(path: Path) -> dict:
     """`raipack bench --format json` output: rows of prompt length, TTFT and tokens/s."""
-    doc = read_json(path, "raipack bench JSON")
     hint = "write it with `raipack bench PACKAGE --format json -o bench.json`"
-    if doc.get("format") != "raipack-bench":
-        raise _bad(path, "format", '"raipack-bench"', hint)
-    rows = doc.get("rows")
-    if not isinstance(rows, list):
-        raise _bad(path, "rows", "a list", hint)
+    doc, rows = _document(path, "raipack bench JSON", "raipack-bench", "rows", hint)
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not isinstance(row.get("backend"), str) or not _count(row.get("prompt_tokens")):
             raise _bad(path, f"rows[{i}]", "an object with a backend and prompt_tokens", hint)
@@ -89,6 +79,16 @@ def evaluation(path: Path) -> dict:
         return doc
     _results(path, doc.get("results"), "results", hint)
     return doc
+
+
+def _document(path: Path, what: str, fmt: str, key: str, hint: str) -> tuple[dict, list]:
+    """A JSON object of format `fmt` and its list `key`."""
+    doc = read_json(path, what)
+    if doc.get("format") != fmt:
+        raise _bad(path, "format", f'"{fmt}"', hint)
+    if not isinstance(doc.get(key), list):
+        raise _bad(path, key, "a list", hint)
+    return doc, doc[key]
 
 
 def _results(path: Path, results, field: str, hint: str) -> None:

@@ -89,6 +89,9 @@ def write_report(package: Path, output: Path | None = None, bench: Path | None =
     read and checked, and the page rendered, before anything is written."""
     from pipeline.report.collect import for_package
 
+    why = available()
+    if why:  # before reading anything: the light install has neither
+        raise UsageError(f"cannot render the report: {why}", "install the report extra, or read report.json")
     package = Path(package)
     explicit = output is not None
     output = Path(output if explicit else NAME)

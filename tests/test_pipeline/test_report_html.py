@@ -37,8 +37,8 @@ BENCH = {"format": "raipack-bench", "format_version": 1, "package": "p", "date":
                    "ttft_ms": {"median": n * k, "min": n * k * 0.9, "max": n * k * 1.2}, "tokens_per_s": {"median": 40 / k, "min": 38 / k, "max": 41 / k}}
                   for b, k in (("reference", 1.0), ("oga", 0.5)) for n in (128, 256, 512)], "ratios": []}
 EVAL = {"results": {"tiny_mc": {"acc,none": 0.5, "acc_stderr,none": 0.1}}, "configs": {}, "versions": {}, "n-shot": {},
-        "raipack": {"chain": [{"stage": "source", "results": {"tiny_mc": {"acc,none": 0.6}}, "drop": None},
-                              {"stage": "package", "results": {"tiny_mc": {"acc,none": 0.5}}, "drop": 0.1}]}}
+        "raipack": {"chain": [{"stage": s, "kind": s, "ran_on": "cpu", "results": {"tiny_mc": {"acc,none": v}},
+                               "drop": {"tiny_mc": {"acc,none": {"value": v, "vs_source": d, "vs_previous": d}}}} for s, v, d in (("source", 0.6, 0.0), ("package", 0.5, 0.1))]}}
 
 
 def _enriched(name: str):
@@ -161,7 +161,8 @@ def test_report_opens_in_a_real_browser(built, tmp_path):
     svgs = [e for e in doc.iter() if e.tag.endswith("svg")]
     assert len(svgs) == 3  # stage bars, TTFT and tokens/s from bench.json
     assert [r.findtext("td") for r in doc.findall(".//table[@id='bench-table']/tbody/tr")][:1] == ["reference"]
-    assert doc.findall(".//table[@id='eval-table']/tbody/tr") and doc.findall(".//table[@id='quality-table']/tbody/tr")
+    assert [[c.text for c in r.findall("td")][-1] for r in doc.findall(".//table[@id='eval-table']/tbody/tr")] == ["0.0000", "0.1000"]  # drop vs source
+    assert len(doc.findall(".//table[@id='quality-table']/tbody/tr")) == 5
     groups = {h.text: h for h in doc.findall(".//section[@id='findings']/h3")}
     assert "helper.py" in groups and "hint:" in "".join(doc.find(".//section[@id='findings']").itertext())
     assert not doc.findall(".//script") and not doc.findall(".//img")  # the planted markup stayed text

@@ -10,6 +10,17 @@ from typing import Any, Literal, get_args, get_origin
 from pipeline.core.errors import UsageError
 
 
+@dataclasses.dataclass
+class EvalConfig:
+    """A recipe's [eval] table: the accuracy gate run after the stages, before the package is assembled."""
+
+    tasks: list[str] = dataclasses.field(default_factory=list)
+    include_path: str | None = None  # relative to the recipe's folder
+    limit: int | None = None
+    num_fewshot: int | None = None
+    max_drop: float = 0.05
+
+
 def parse_config(cls, data: dict | None, where: str):
     """Build dataclass `cls` from `data`; one clear sentence for the first bad key."""
     data = dict(data or {})

@@ -34,6 +34,7 @@ class Recipe:
     expected_answer: str | None = None
     stages: dict[str, dict] = field(default_factory=dict)
     path: str | None = None
+    eval: dict | None = None  # the [eval] table: the accuracy gate (pipeline/build/config.py: EvalConfig)
 
     @property
     def is_example(self) -> bool:

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from pipeline.build import cache, handover, logs, stages, staging, swap
-from pipeline.build.config import config_dict, parse_config
+from pipeline.build.config import EvalConfig, config_dict, parse_config
 from pipeline.build.crash import stage_crashed
 from pipeline.build.inputs import check_model_dir
 from pipeline.build.progress import Progress
@@ -54,6 +54,7 @@ class BuildResult:
     package: Path | None
     seconds: float
     findings: list = field(default_factory=list)
+    evaluation: dict | None = None  # the accuracy gate's chain, when the recipe has [eval] tasks
 
     def report(self) -> dict:
         return {
@@ -66,6 +67,7 @@ class BuildResult:
             "stages": [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 2), "cache_key": s.key, "report": s.report} for s in self.stages],
             "findings": [f.to_dict() for f in self.findings],
             "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
+            **({"eval": self.evaluation} if self.evaluation else {}),
         }
 
 
@@ -106,7 +108,8 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
     if recipe.model is not None:  # before the output folder is made: a refused model leaves nothing behind
         outputs[model_stage] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
     _check_output_location(out_root)
-    first = names.index(from_) if inputs else 0  # a hand-over build runs nothing before --from
+    # a hand-over build runs nothing before --from; the [eval] table's tasks are checked now, run after the stages
+    first, gate = (names.index(from_) if inputs else 0), _gate_request(recipe)
     for name in names[first:]:  # what a later stage would refuse, refused before the first one spends minutes
         st = stages.get(name)
         if st.preflight is not None:
@@ -146,14 +149,35 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
             results.append(res)
             progress.stage(name, status, res.seconds, report.get("summary", ""))
             _link_stage_output(out_root, pkg_name, name, path)
-        package = None
-        findings = []
+        package, findings = None, []
+        # the accuracy gate ([eval] tasks), before the package is assembled: a refused build leaves none
+        evaluation = _run_gate(gate, outputs, out_root / f"{pkg_name}.stages", progress) if gate and package_stage in outputs else None
         if package_stage in outputs:
             package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root, inputs,
-                                          warn=partial(progress.line, style="yellow"))
-        return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings)
+                                          warn=partial(progress.line, style="yellow"), evaluation=evaluation)
+        return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings, evaluation)
     finally:
         staging.release(root)
+
+
+def _gate_request(recipe: Recipe):
+    """(lm-eval request, max_drop) of the recipe's [eval] table, its tasks checked; None without tasks."""
+    cfg = parse_config(EvalConfig, recipe.eval, "[eval]")
+    if not cfg.tasks:
+        return None
+    from pipeline.evaluation.chain import preflight
+    from pipeline.evaluation.run import Request
+
+    base = Path(recipe.path).resolve().parent if recipe.path else Path.cwd()
+    req = Request(cfg.tasks, cfg.limit, cfg.num_fewshot, base / cfg.include_path if cfg.include_path else None)
+    preflight(req)
+    return req, cfg.max_drop
+
+
+def _run_gate(gate, outputs: dict, keep: Path, progress) -> dict:
+    from pipeline.evaluation.chain import gate as run_gate
+
+    return run_gate(gate[0], gate[1], outputs, keep, progress)
 
 
 def _check_output_location(out_root: Path) -> None:
@@ -268,7 +292,7 @@ def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> 
     os.replace(tmp, link)
 
 
-def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path, inputs=None, warn=print):
+def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path, inputs=None, warn=print, evaluation=None):
     """Copy the output of the package stage next to its build report, validate, rename into place."""
     prefix = f".{target.name}.staging-"
     staging.sweep_beside(target.parent, prefix, root)
@@ -279,8 +303,10 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
     manifest.mark_incomplete(work)
     try:
         copy_tree(fused, work)
-        draft = BuildResult(recipe, profile, results, target, time.perf_counter() - start)
+        draft = BuildResult(recipe, profile, results, target, time.perf_counter() - start, evaluation=evaluation)
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
+        if evaluation:
+            atomic_write_text(work / "eval.json", json.dumps(evaluation, indent=2) + "\n")
         from pipeline.build.model_card import append_build_numbers
 
         append_build_numbers(work / "README.md", draft.report(),  # the source model: base_model and license of the card

@@ -1,0 +1,56 @@
+"""`raipack eval`: lm-eval-harness on a package, an export, a Quark folder, a source model, or a whole build."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.cli.main import cli
+
+
+@cli.command("eval")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--tasks", "-t", required=True, help="lm-eval task names, comma-separated (its registry, or --include-path).")
+@click.option("--limit", type=int, help="At most this many documents per task.")
+@click.option("--num-fewshot", type=click.IntRange(0, 1000), help="Few-shot examples per document (default: the task's).")
+@click.option("--include-path", type=click.Path(path_type=Path), help="A local task folder: lm-eval YAML task files and their JSONL data.")
+@click.option("--chain", is_flag=True, help="TARGET is a build (its output folder or its package): run every stage and show the drops.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write lm-eval's results (JSON, with a \"raipack\" key) here.")
+def eval_cmd(target, tasks, limit, num_fewshot, include_path, chain, output):
+    """Score TARGET with lm-eval-harness; the kind of TARGET is detected.
+
+    \b
+    package  the NPU through onnxruntime-genai when present, else the
+             reference runtime on the CPU (the output says which ran)
+    export   an onnxruntime-genai builder folder, on onnxruntime
+    quark    a Quark export, reloaded by transformers
+    source   a Hugging Face model folder, by transformers (no remote code)
+
+    \b
+    Exit codes:
+      0  evaluated
+      1  a target cannot be run
+      2  usage error: an unknown task, a task file that is not lm-eval's
+         format, a TARGET that is none of the kinds, a bad option;
+         nothing is written
+    """
+    from pipeline.core.output import atomic_write_text
+    from pipeline.evaluation.run import Request, check_output, evaluate, parse_tasks, table
+
+    req = Request(parse_tasks(tasks), limit, num_fewshot, include_path)
+    check_output(output)
+    if chain:
+        from pipeline.evaluation.chain import chain_table, run_chain, stage_outputs
+
+        doc = run_chain(stage_outputs(target), req)
+        text = chain_table(doc)
+    else:
+        doc = evaluate(target, req)
+        text = table(doc) + f"\nran on: {doc['raipack']['ran_on']}"
+    if output is not None:
+        atomic_write_text(output, json.dumps(doc, indent=2) + "\n")
+    click.echo(text)
+    sys.exit(0)

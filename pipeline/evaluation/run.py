@@ -1,0 +1,110 @@
+"""`raipack eval TARGET`: lm-eval's simple_evaluate on one target; its results dict plus a "raipack" key."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.evaluation import tasks as local_tasks
+from pipeline.evaluation.targets import Target, detect_target
+
+BOOTSTRAP_ITERS = 1000  # lm-eval's stderr of non-mean metrics (perplexities); its default 100000 takes seconds a task
+
+
+@dataclass
+class Request:
+    tasks: list[str]
+    limit: int | None = None
+    num_fewshot: int | None = None
+    include_path: Path | None = None
+
+
+def parse_tasks(text: str) -> list[str]:
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise UsageError("--tasks names no task", "give task names separated by commas, e.g. --tasks arc_easy,hellaswag")
+    return names
+
+
+def check_output(path: Path | None) -> None:
+    """--output names a file in an existing folder (checked before the minutes of evaluation)."""
+    if path is not None and (Path(path).is_dir() or not Path(path).resolve().parent.is_dir()):
+        raise UsageError(f"--output {path} is a folder or lies in a folder that does not exist", "give a file name in an existing folder")
+
+
+def require_lm_eval() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise UsageError("lm-eval is not installed", "install raipack's eval extra (lm-eval 0.4.13 or a later 0.4)")
+
+
+def check_request(req: Request) -> Request:
+    """Absolute paths (lm-eval runs in its own folder) and the task folder checked, before any model loads."""
+    require_lm_eval()
+    include = Path(req.include_path).resolve() if req.include_path else None
+    if include is not None:
+        local_tasks.check_folder(include)
+    if req.limit is not None and req.limit < 1:
+        raise UsageError(f"--limit is {req.limit}; expected a positive number of documents", "drop --limit to run every document")
+    return Request(list(req.tasks), req.limit, req.num_fewshot, include)
+
+
+class Session:
+    """lm-eval's tasks, ready in a folder raipack owns; `run(target)` evaluates one target on them."""
+
+    def __init__(self, req: Request, include_copy: Path | None, log: Path):
+        self.req, self.log = req, log
+        self.manager = local_tasks.task_manager(req.tasks, include_copy)
+
+    def run(self, target: Target, lm=None) -> dict:
+        from lm_eval import simple_evaluate
+
+        from pipeline.evaluation.backends import open_backend
+        from pipeline.evaluation.lm import RaipackLM
+        from pipeline.runtime.chat import load_tokenizer
+
+        if lm is None:
+            lm = RaipackLM(open_backend(target), load_tokenizer(target.path))
+        try:
+            with local_tasks.quiet(self.log):
+                results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
+                                          task_manager=self.manager, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
+        except (ValueError, KeyError, FileNotFoundError) as exc:  # a task file lm-eval cannot build, a data file it cannot read
+            raise UsageError(f"lm-eval cannot run tasks {', '.join(self.req.tasks)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                             local_tasks.HINT) from None
+        if results is None:
+            raise RaipackError("lm-eval returned no results", "run again with --limit to check the tasks")
+        doc = local_tasks.json_safe(results)
+        doc["raipack"] = {"target": str(target.path), "kind": target.kind, "ran_on": lm.backend.ran_on}
+        return doc
+
+
+@contextlib.contextmanager
+def session(req: Request):
+    req = check_request(req)
+    with local_tasks.workspace(req.include_path) as (root, copy):
+        yield Session(req, copy, root / "lm-eval.log")
+
+
+def evaluate(path: Path, req: Request) -> dict:
+    """lm-eval's results for the target at `path` (its kind detected)."""
+    target = detect_target(Path(path).resolve())
+    with session(req) as s:
+        return s.run(target)
+
+
+def table(doc: dict) -> str:
+    """task, metric, value, stderr: one line per metric of lm-eval's results."""
+    lines = [f"{'task':<24} {'metric':<20} {'value':>10} {'stderr':>10}"]
+    for task, res in sorted(doc.get("results", {}).items()):
+        for key, value in res.items():
+            metric, _, filt = key.partition(",")
+            if "_stderr" in metric or not isinstance(value, (int, float)) or isinstance(value, bool) or key == "sample_len":
+                continue
+            err = res.get(f"{metric}_stderr,{filt}")
+            err_text = f"{err:.4f}" if isinstance(err, (int, float)) else ""
+            lines.append(f"{task:<24} {metric:<20} {value:>10.4f} {err_text:>10}")
+    return "\n".join(lines)

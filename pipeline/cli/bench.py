@@ -33,6 +33,7 @@ def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, 
          a package that does not run)
       2  usage error: PACKAGE is not a folder, a length that is not a positive
          whole number or is above the package's prompt limit, a bad option
+      3  the folder holds no model package
     """
     from pipeline.benchmark import bench, make_plan, parse_lengths
     from pipeline.benchmark.render import as_csv, as_json, as_text

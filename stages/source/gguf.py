@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,24 @@ def _has_chat_template(folder: Path) -> bool:
         return True
     tok_cfg = folder / "tokenizer_config.json"
     return tok_cfg.is_file() and bool(json.loads(tok_cfg.read_text()).get("chat_template"))
+
+
+def gguf_license(gguf_path: Path) -> str | None:
+    """The GGUF's `general.license` metadata as a plain license id (e.g. apache-2.0), else None."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf_path).fields.get("general.license")
+    if field is None or not field.data:
+        return None
+    value = bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace").strip()
+    return value if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}", value) else None  # an id, never free text in YAML
+
+
+def _write_card(out: Path, gguf_path: Path) -> None:
+    """A README whose front matter carries the GGUF's license, so the package's model card can name it."""
+    found = gguf_license(gguf_path)
+    front = f"---\nlicense: {found}\n---\n\n" if found else ""
+    (out / "README.md").write_text(f"{front}Converted to float32 safetensors by raipack from `{gguf_path.name}`.\n", "utf-8")
 
 
 def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
@@ -115,6 +134,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
         cfg.pop("_name_or_path", None)
         cfg.pop("_model_name_or_path", None)
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        _write_card(out, gguf_path)
         if tokenizer.chat_template and not _has_chat_template(out):
             (out / "chat_template.jinja").write_text(tokenizer.chat_template)
         if any(out.glob("*.bin")) or any(out.glob("*.pt")):

@@ -26,7 +26,7 @@ def run(job: Job) -> dict:
 
 STAGE = Stage(
     name="source",
-    version="1",
+    version="2",  # 2: the converted folder has a README.md with the GGUF's license
     config=SourceConfig,
     inputs=(),
     output_profile=lambda job: "hf-source",

@@ -42,6 +42,24 @@ def test_example_model_gguf_is_found():
         assert fh.read(4) == b"GGUF"
 
 
+def test_a_license_that_is_not_an_id_is_left_out(tmp_path):
+    """GGUF metadata is untrusted free text: only a plain license id goes into YAML front matter."""
+    import gguf as gg
+
+    from stages.source.gguf import gguf_license
+
+    for value, want in (("apache-2.0", "apache-2.0"), ("mit\nbase_model: evil/x", None), ("", None)):
+        path = tmp_path / f"m{len(value)}.gguf"
+        writer = gg.GGUFWriter(str(path), "llama")
+        if value:
+            writer.add_string("general.license", value)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        assert gguf_license(path) == want, value
+
+
 def test_convert_example_model_and_answer(tmp_path):
     try:
         gguf = example_model_gguf()
@@ -64,6 +82,7 @@ def test_convert_example_model_and_answer(tmp_path):
     assert "quantization_config" not in cfg and cfg["dtype"] == "float32"
     tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
     assert (out / "chat_template.jinja").is_file() or tok_cfg.get("chat_template")
+    assert (out / "README.md").read_text().startswith("---\nlicense: apache-2.0\n---\n")  # the GGUF's general.license, for the model card
 
     model, tokenizer = load_hf(out)
     assert next(model.parameters()).dtype.is_floating_point

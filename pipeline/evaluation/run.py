@@ -65,16 +65,20 @@ class Session:
         from pipeline.evaluation.backends import open_backend
         from pipeline.evaluation.lm import RaipackLM
         from pipeline.runtime.chat import load_tokenizer
+        from pipeline.runtime.reference import RuntimeRefusal
 
-        if lm is None:
-            lm = RaipackLM(open_backend(target), load_tokenizer(target.path))
-        try:
-            with local_tasks.quiet(self.log):
+        with local_tasks.quiet(self.log):  # the libraries' progress bars and logs, loading included
+            if lm is None:
+                lm = RaipackLM(open_backend(target), load_tokenizer(target.path))
+            try:
                 results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
                                           task_manager=self.manager, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
-        except (ValueError, KeyError, FileNotFoundError) as exc:  # a task file lm-eval cannot build, a data file it cannot read
-            raise UsageError(f"lm-eval cannot run tasks {', '.join(self.req.tasks)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                             local_tasks.HINT) from None
+            except RuntimeRefusal as exc:
+                raise RaipackError(f"{target.path} cannot serve a request of tasks {', '.join(self.req.tasks)}: {exc}",
+                                   "lower --num-fewshot, or use a package with a longer prompt limit") from None
+            except (ValueError, KeyError, FileNotFoundError) as exc:  # a task file lm-eval cannot build, a data file it cannot read
+                raise UsageError(f"lm-eval cannot run tasks {', '.join(self.req.tasks)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                                 local_tasks.HINT) from None
         if results is None:
             raise RaipackError("lm-eval returned no results", "run again with --limit to check the tasks")
         doc = local_tasks.json_safe(results)

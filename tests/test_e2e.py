@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import open_in_chromium
+
 RAIPACK = str(Path(sys.executable).with_name("raipack"))
 NAME = "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
 
@@ -48,6 +50,7 @@ def test_example_model_builds_validates_and_answers(tmp_path):
     assert "Paris" in smoke["answer"]
     assert smoke["tokens_match_export"] is True
     assert smoke["overlong_prompt_refused"] is True
+    check_example_package_files(pkg, tmp_path)
     print(f"\nend-to-end build: {build_seconds:.0f} s; " + ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in report["stages"]))
 
     t0 = time.perf_counter()
@@ -58,3 +61,28 @@ def test_example_model_builds_validates_and_answers(tmp_path):
 
     run = subprocess.run([RAIPACK, "run", str(pkg), "--prompt", "What is the capital of France?"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "Paris" in run.stdout, run.stderr[-2000:]
+
+
+def check_example_package_files(pkg, tmp_path):
+    """What issue 16 adds to every package, on the real example: the model card's front matter, the
+    prompts bench uses, and report.html, opened in a real browser."""
+    import html5lib
+    import yaml
+    from PIL import Image
+
+    front = yaml.safe_load((pkg / "README.md").read_text().split("---\n")[1])
+    assert front["license"] == "apache-2.0" and front["base_model_relation"] == "quantized", front  # the GGUF's license
+    assert "ryzenai-1.8.0" in front["tags"] and front["library_name"] == "onnxruntime-genai"
+    prompts = (pkg / "prompts.txt").read_text().splitlines()
+    assert len(prompts) >= 3 and len(set(prompts)) == len(prompts)
+
+    shot, dom, console = open_in_chromium(pkg / "report.html", tmp_path)
+    assert console == []
+    with Image.open(shot) as img:
+        colours = img.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 20  # not a blank page
+    doc = html5lib.parse(dom, namespaceHTMLElements=False)
+    assert [r.findtext("td") for r in doc.findall(".//table[@id='stage-table']/tbody/tr")] == ["source", "quantize", "export", "fuse", "smoke"]
+    assert len([e for e in doc.iter() if e.tag.endswith("svg")]) >= 2  # stage bars, the smoke run's TTFT per tier
+    assert doc.find(".//section[@id='findings']") is not None
+    html5lib.HTMLParser(strict=True).parse((pkg / "report.html").read_text())

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import fake_stages
+from helpers import open_in_chromium
 from pipeline.build.recipe import load
 from pipeline.build.runner import build
 from pipeline.cli import main
@@ -115,21 +113,6 @@ def test_two_renders_are_byte_identical(built):
     assert "Date" not in first and "<?xml" not in first and "<!--" not in first
 
 
-def _chromium(page: Path, out: Path) -> tuple[Path, str, list[str]]:
-    """Open `page` in headless chromium once: (screenshot, the DOM after load, the console lines)."""
-    exe = shutil.which("chromium")
-    if exe is None:
-        if os.environ.get("RAIPACK_NO_BROWSER") == "1":
-            pytest.skip("chromium is not installed and RAIPACK_NO_BROWSER=1: the report was not opened in a browser")
-        pytest.fail("chromium is not installed: run `make chromium` (apt-get install chromium), or set RAIPACK_NO_BROWSER=1 to skip this test")
-    shot = out / f"{page.stem}.png"
-    run = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={out / 'profile'}", "--enable-logging=stderr", "--v=0",
-                          f"--screenshot={shot}", "--window-size=1280,2400", "--dump-dom", page.resolve().as_uri()],
-                         capture_output=True, text=True, timeout=60, cwd=out)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return shot, run.stdout, [x for x in run.stderr.splitlines() if ":CONSOLE" in x]
-
-
 def test_report_opens_in_a_real_browser(built, tmp_path):
     pkg = shutil.copytree(built[0], tmp_path / built[0].name)
     (pkg / "helper.py").write_text("print('never run')\n")  # a finding with a hint, grouped under its file
@@ -143,9 +126,9 @@ def test_report_opens_in_a_real_browser(built, tmp_path):
     # the console capture works: a page with a script's console.error is seen
     control = tmp_path / "control.html"
     control.write_text("<!DOCTYPE html><title>c</title><script>console.error('seen')</script>")
-    assert any("seen" in x for x in _chromium(control, tmp_path)[2])
+    assert any("seen" in x for x in open_in_chromium(control, tmp_path)[2])
 
-    shot, dom, console = _chromium(out, tmp_path)
+    shot, dom, console = open_in_chromium(out, tmp_path)
     assert console == []
     from PIL import Image
 

@@ -20,14 +20,21 @@ import json
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core import manifest
 from pipeline.core.errors import RaipackError
 from pipeline.core.output import atomic_write_text
 
+try:
+    import fcntl
+except ImportError:  # Windows: no commit lock (a second writer's rename then fails and it rebuilds next time)
+    fcntl = None
+
 ENV = "RAIPACK_CACHE"
 STAMPS = "stamps"
+LOCKS = "locks"
 
 
 def cache_root() -> Path:
@@ -48,6 +55,29 @@ def key(stage: str, version: str, config: dict, inputs: dict[str, str], tools: d
 
 def entry(stage: str, cache_key: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / "stages" / stage / cache_key
+
+
+@contextmanager
+def committing(path: Path):
+    """Hold the commit lock of the entry `path` (`<cache>/locks/commit-<stage>-<key>`, an exclusive flock) while
+    a writer checks whether another one committed the key first and, if not, commits its own folder: two
+    workers building one key (two batch jobs, two machines sharing $RAIPACK_CACHE) end with one complete entry."""
+    path = Path(path)
+    lock = path.parent.parent.parent / LOCKS / f"commit-{path.parent.name}-{path.name}"
+    fd = None
+    if fcntl is not None:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:  # a read-only cache: nothing is committed to it anyway
+            fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # the lock file stays: unlinking it would let a third writer lock another inode
 
 
 def lookup(stage: str, cache_key: str, root: Path | None = None, *, verify: bool = False, warn=None) -> Path | None:

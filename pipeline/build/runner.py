@@ -128,27 +128,16 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
             if from_ == name:
                 forcing = True
             st = stages.get(name)
-            cfg = parse_config(st.config, recipe.stages.get(name), f"[{name}]")
             missing = [i for i in st.inputs if i not in outputs]
             if missing:
                 raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
-            digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
-            ckey = cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
-            t0 = time.perf_counter()
-            hit = None if forcing else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
-            if hit is None and from_ and names.index(name) < names.index(from_):
-                raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
-            if hit is not None:
-                path, report = hit, _stored_report(hit)
-                status = "cached"
-            else:
-                path, report = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs)
-                status = "built"
-            outputs[name], reports[name] = path, report
-            res = StageResult(name, status, time.perf_counter() - t0, ckey, str(path), report)
+            on_miss = partial(_not_cached, from_, name) if from_ and names.index(name) < names.index(from_) else None
+            res = run_stage(st, recipe, profile, outputs, reports, progress=progress, cache_root=cache_root, force=forcing,
+                            verify_cache=verify_cache, inputs=inputs, on_miss=on_miss)
+            outputs[name], reports[name] = Path(res.path), res.report
             results.append(res)
-            progress.stage(name, status, res.seconds, report.get("summary", ""))
-            _link_stage_output(out_root, pkg_name, name, path)
+            progress.stage(name, res.status, res.seconds, res.report.get("summary", ""))
+            _link_stage_output(out_root, pkg_name, name, Path(res.path))
         package, findings = None, []
         # the accuracy gate ([eval] tasks), before the package is assembled: a refused build leaves none
         evaluation = _run_gate(gate, outputs, out_root / f"{pkg_name}.stages", progress) if gate and package_stage in outputs else None
@@ -158,6 +147,34 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings, evaluation)
     finally:
         staging.release(root)
+
+
+def stage_key(st, cfg, profile: dict, outputs: dict) -> str:
+    """The cache key of stage `st` with config `cfg` for `profile`, over its input folders."""
+    digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
+    return cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
+
+
+def run_stage(st, recipe: Recipe, profile: dict, outputs: dict, reports: dict, *, progress: Progress, cache_root: Path | None = None,
+              force: bool = False, verify_cache: bool = False, inputs: handover.Handover | None = None, on_miss=None) -> StageResult:
+    """One stage for one recipe, given its input folders (`outputs`, by stage name): a cache hit, or a build
+    committed to the cache. `on_miss()` runs before a miss is built (it may refuse). build() and raipack batch
+    (pipeline/batch/jobs.py) both run a stage through here."""
+    cfg = parse_config(st.config, recipe.stages.get(st.name), f"[{st.name}]")
+    ckey = stage_key(st, cfg, profile, outputs)
+    t0 = time.perf_counter()
+    hit = None if force else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
+    if hit is None and on_miss is not None:
+        on_miss()
+    if hit is not None:
+        path, report, status = hit, stored_report(hit), "cached"
+    else:
+        path, report, status = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs, force=force)
+    return StageResult(st.name, status, time.perf_counter() - t0, ckey, str(path), report)
+
+
+def _not_cached(from_: str, name: str) -> None:
+    raise UsageError(f"--from {from_}: the output of {name} is not in the cache", f"run the build without --from first (cache: {cache.cache_root()})")
 
 
 def _gate_request(recipe: Recipe):
@@ -189,12 +206,14 @@ def _check_output_location(out_root: Path) -> None:
         raise UsageError(f"output folder {out_root} is not writable", "choose another --output folder")
 
 
-def _stored_report(path: Path) -> dict:
+def stored_report(path: Path) -> dict:
     doc = manifest.read(path) or {}
     return doc.get("report", {})
 
 
-def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs=None) -> tuple[Path, dict]:
+def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs=None, force=False) -> tuple[Path, dict, str]:
+    """Build the stage into a staging folder and commit it; (entry, report, "built"), or "cached" when another
+    process committed the same key first (its entry wins, this one's folder is discarded)."""
     final = cache.entry(st.name, ckey, cache_root)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = final.parent / f".staging-{ckey}-{os.getpid()}"
@@ -217,19 +236,23 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
         doc = manifest.describe(work, kind, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
                                 lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile["id"]})
         _check_output(st, job, work, doc)
-        if final.exists():  # an older entry under the same key: incomplete, or rebuilt with --force
-            cache.remove(final)
-        _commit(work, final, doc)
+        with cache.committing(final):  # one writer of this key at a time: the first commit wins
+            if not force and cache.lookup(st.name, ckey, cache_root) is not None:
+                cache.remove(work)
+                return final, stored_report(final), "cached"
+            if final.exists():  # an older entry under the same key: incomplete (a killed build), or rebuilt with --force
+                cache.remove(final)
+            _commit(work, final, doc)
     except BaseException:
         cache.remove(work)
         raise
-    return final, report
+    return final, report, "built"
 
 
 def _take_carried(inputs, name: str, outputs: dict, reports: dict, progress) -> StageResult:
     """A stage output from the hand-over: an input of the later stages, listed in the report as carried."""
     c = inputs.outputs[name]
-    outputs[name], reports[name] = c.path, _stored_report(c.path)
+    outputs[name], reports[name] = c.path, stored_report(c.path)
     progress.stage(name, "carried", 0.0, f"from {inputs.folder}")
     return StageResult(name, "carried", 0.0, c.cache_key, str(c.path), reports[name])
 

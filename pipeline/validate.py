@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from pipeline.checks import Context, run_checks
-from pipeline.core.errors import NothingToValidate, UsageError
+from pipeline.core.errors import NothingToValidate, RaipackError, UsageError
 from pipeline.core.findings import Result
-from pipeline.core.package import Package
+from pipeline.core.package import Package, role_of
 from pipeline.npu import profile as profiles
 
 MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
@@ -66,3 +66,66 @@ def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_has
     ctx, reason = open_package(path, profile, verify_hashes, jobs, virtual)
     findings, ran = run_checks(ctx, select, ignore)
     return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
+
+
+def expand(paths) -> list[Path]:
+    """Each PATH as given, except a zoo, which becomes its packages in name order.
+
+    A zoo is a folder with no model file and no manifest.json of its own whose
+    subfolders (not hidden, not symbolic links) hold packages; subfolders that
+    hold no model file are left out."""
+    out: list[Path] = []
+    for path in map(Path, paths):
+        out += _zoo_members(path) or [path]
+    return out
+
+
+def _zoo_members(path: Path) -> list[Path]:
+    if not path.is_dir() or path.is_symlink() or _has_model_file(path) or (path / "manifest.json").exists():
+        return []
+    try:
+        with os.scandir(path) as it:
+            children = [Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    return sorted(child for child in children if _has_model_file(child))
+
+
+def _has_model_file(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            return any(role_of(e.name) in MODEL_ROLES for e in it if e.is_file(follow_symlinks=False) or e.is_symlink())
+    except OSError:
+        return False
+
+
+def validate_one(arg: dict) -> Result | RaipackError:
+    """One folder of a many-package run, in whatever process runs it: its Result,
+    or the user error that stopped it (returned, so one bad folder stops no other)."""
+    try:
+        return validate(Path(arg["path"]), arg["profile"], tuple(arg["select"]), tuple(arg["ignore"]), arg["verify_hashes"], arg["threads"])
+    except RaipackError as exc:
+        return exc
+
+
+def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int = 1, executor=None) -> list[Result | RaipackError]:
+    """Validate every package of PATHS (zoos expanded): in this process, in a pool of
+    `jobs` worker processes, or as tasks of `executor` (submit/wait/result, e.g. a
+    RayExecutor); one outcome per folder, in order."""
+    folders = expand(paths)
+    many = len(folders) > 1
+    threads = max(1, (os.cpu_count() or 1) // jobs) if many else jobs if jobs > 1 else None
+    args = [{"path": str(p), "profile": profile, "select": list(select), "ignore": list(ignore), "verify_hashes": verify_hashes,
+             "threads": 1 if executor is not None else threads} for p in folders]
+    if executor is not None:
+        handles = [executor.submit(validate_one, arg, {"num_cpus": 1}) for arg in args]
+        pending = handles
+        while pending:
+            _done, pending = executor.wait(pending, None)
+        return [executor.result(h) for h in handles]
+    if jobs > 1 and many:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(args))) as pool:
+            return list(pool.map(validate_one, args))
+    return [validate_one(arg) for arg in args]

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli.main import cli, error
-from pipeline.core.errors import NothingToValidate
+from pipeline.core.errors import RaipackError, UsageError
 from pipeline.core.output import atomic_write_text, use_color
 
 
@@ -27,22 +27,34 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--select", help="Only these check ids or prefixes, comma-separated (RP1,RP202).")
 @click.option("--ignore", help="Skip these check ids or prefixes, comma-separated.")
 @click.option("--verify-hashes", is_flag=True, help="Hash every file against manifest.json or its Git LFS oid.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Threads for --verify-hashes (default: every core).")
-def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs):
-    """Check model package folders against their profile's schemas and rules."""
-    from pipeline.reporters import REPORTERS
-    from pipeline.validate import validate as run
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Validate N packages at once in worker processes (default: one at a time); with one package, threads for --verify-hashes (default: every core).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
+@click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
+def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
+    """Check model package folders against their profile's schemas and rules.
 
+    A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
+    from pipeline.reporters import REPORTERS
+    from pipeline.validate import validate_all
+
+    if address and executor != "ray":
+        raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
+    pool = _ray_executor(address) if executor == "ray" else None
+    try:
+        outcomes = validate_all(paths, profile, _ids(select), _ids(ignore), verify_hashes, jobs or 1, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     results, codes = [], []
-    for path in paths:
-        try:
-            result = run(path, profile, _ids(select), _ids(ignore), verify_hashes, jobs)
-        except NothingToValidate as exc:
-            error(exc)
-            codes.append(exc.exit_code)
+    for outcome in outcomes:
+        if isinstance(outcome, UsageError):
+            raise outcome
+        if isinstance(outcome, RaipackError):
+            error(outcome)
+            codes.append(outcome.exit_code)
             continue
-        results.append(result)
-        codes.append(1 if result.failed(strict, strict_advice) else 0)
+        results.append(outcome)
+        codes.append(1 if outcome.failed(strict, strict_advice) else 0)
     code = 1 if 1 in codes else 3 if 3 in codes else 0
     report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False)
     if output:
@@ -52,6 +64,13 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
     else:
         click.echo(report, nl=False)
     sys.exit(code)
+
+
+def _ray_executor(address):
+    """Imported only for --executor ray: the light install has no ray."""
+    from pipeline.batch.ray_executor import RayExecutor
+
+    return RayExecutor(address=address)
 
 
 @cli.command()

@@ -137,7 +137,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
             outputs[name], reports[name] = Path(res.path), res.report
             results.append(res)
             progress.stage(name, res.status, res.seconds, res.report.get("summary", ""))
-            _link_stage_output(out_root, pkg_name, name, Path(res.path))
+            link_stage_output(out_root, pkg_name, name, Path(res.path))
         package, findings = None, []
         # the accuracy gate ([eval] tasks), before the package is assembled: a refused build leaves none
         evaluation = _run_gate(gate, outputs, out_root / f"{pkg_name}.stages", progress) if gate and package_stage in outputs else None
@@ -171,6 +171,13 @@ def run_stage(st, recipe: Recipe, profile: dict, outputs: dict, reports: dict, *
     else:
         path, report, status = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs, force=force)
     return StageResult(st.name, status, time.perf_counter() - t0, ckey, str(path), report)
+
+
+def assemble_package(recipe: Recipe, profile: dict, results: list[StageResult], outputs: dict, start: float, root: Path, warn=print):
+    """(package, findings): the package stage's output assembled into <output>/<package name>, as build() does
+    at the end of its chain (raipack batch calls it once per matrix entry)."""
+    stage = stages.of_kind(stages.PACKAGE_KIND)
+    return _assemble(Path(recipe.output) / package_name(recipe, profile), stage, outputs[stage], recipe, profile, results, start, root, warn=warn)
 
 
 def _not_cached(from_: str, name: str) -> None:
@@ -303,7 +310,7 @@ def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
     return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
 
 
-def _link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> None:
+def link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> None:
     """build/<package>.stages/<stage> points at the stage's cache entry."""
     links = out_root / f"{pkg_name}.stages"
     links.mkdir(exist_ok=True)

@@ -3,6 +3,7 @@ the memory-aware local executor, the command. Fake stages (tests/fake_stages.py)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from pipeline.batch.jobs import StageJob, job_key, run_stage_job
 from pipeline.build import cache
 from pipeline.build.recipe import load
 from pipeline.core import manifest
+from pipeline.validate import validate
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -85,3 +87,113 @@ def test_two_writers_of_one_key_end_with_one_entry(env):
     entry = cache.entry("quantize", job.key)
     assert manifest.is_complete(entry) and cache.lookup("quantize", job.key, verify=True) == entry
     assert [p.name for p in entry.parent.iterdir()] == [job.key]  # no staging folder left behind
+
+
+# --------------------------------------------------------------------------- the matrix and the graph
+
+def write_matrix(env: Path, models=("a", "b", "c"), profiles=("1.8.0-npu-16K", "1.8.0-npu-4K"), extra: str = "") -> Path:
+    for name in models:  # three different model folders (each its own digest); the fake stages never read them
+        (env / "models" / name).mkdir(parents=True, exist_ok=True)
+        (env / "models" / name / "config.json").write_text(json.dumps({"name": name}))
+    text = 'output = "zoo"\n' + f"profiles = {json.dumps(list(profiles))}\n"
+    text += "".join(f'[[models]]\nname = "{m}"\npath = "models/{m}"\n' for m in models) + extra
+    path = env / "matrix.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def batch_env(env, monkeypatch):
+    """Fake stages that, like the real ones, read no profile key in quantize and export (checked here)."""
+    fakes = dict(fake_stages.FAKES)
+    for name in ("quantize", "export"):
+        assert _real_stage(name).profile_keys == (), name
+        fakes[name] = dataclasses.replace(fakes[name], profile_keys=())
+    fakes["fuse"] = dataclasses.replace(fakes["fuse"], output_profile=_reference_id, run=lambda job: fake_stages._writer(_reference_id(job))(job))
+    monkeypatch.setattr("pipeline.build.stages.get", fakes.__getitem__)
+    monkeypatch.setattr("pipeline.batch.matrix.check_model_dir", lambda path, trust: path.resolve())
+    # each package's report.html (matplotlib, ~0.5 s each) is raipack build's, tested there; not drawn here
+    monkeypatch.setattr("pipeline.report.page.write_build_page", lambda *a, **kw: None)
+    return env
+
+
+def _reference_id(job) -> str:
+    """The fake fuse writes the package of the job's target (reference-4K for 1.8.0-npu-4K)."""
+    from pipeline.npu.profile import reference_for
+
+    return reference_for(job.profile)["id"]
+
+
+def _real_stage(name: str):
+    import importlib
+
+    from pipeline.data import load_data
+
+    return importlib.import_module(load_data("stages.json")["modules"][name]).STAGE
+
+
+def fork_executor(kind, jobs, address, root, warn, memory_free):
+    """The local executor with forked workers: they inherit this process's fake stages."""
+    from pipeline.batch.local import LocalExecutor
+
+    return LocalExecutor(jobs, memory_free, start_method="fork", warn=warn)
+
+
+def run(path: Path, **kw):
+    from pipeline.batch.run import run_batch
+
+    lines: list[str] = []
+    doc = run_batch(path, line=lines.append, warn=lines.append, make=kw.pop("make", fork_executor), **kw)
+    return doc, lines
+
+
+def test_three_models_two_profiles_quantize_three_times_not_six(batch_env):
+    doc, lines = run(write_matrix(batch_env), jobs=2)
+    assert doc["jobs"] == {"quantize": 3, "export": 3, "fuse": 6, "smoke": 6}  # quantize and export read no profile key
+    assert [e["status"] for e in doc["entries"]] == ["built"] * 6, [e["error"] for e in doc["entries"]]
+    assert sorted(calls(batch_env)) == sorted(["quantize"] * 3 + ["export"] * 3 + ["fuse"] * 6 + ["smoke"] * 6)
+    assert len(lines) == 18 and sum(line.startswith("quantize") and "(+1 entry)" in line for line in lines) == 3
+    for e in doc["entries"]:
+        assert validate(Path(e["package"])).failed() is False
+        assert Path(e["package"]).parent == batch_env / "zoo"
+    quantize = [s for e in doc["entries"] for s in e["stages"] if s["stage"] == "quantize"]
+    assert len({s["key"] for s in quantize}) == 3 and sum("shared_with" in s for s in quantize) == 3
+
+
+def test_a_failed_job_fails_its_dependants_only(batch_env):
+    extra = '[[overrides]]\nname = "good"\n[[overrides]]\nname = "bad"\nfuse = { fail = true }\n'
+    doc, lines = run(write_matrix(batch_env, models=("a",), extra=extra), jobs=2)
+    by_id = {e["entry"]: e for e in doc["entries"]}
+    assert {i: e["status"] for i, e in by_id.items()} == {"a@1.8.0-npu-16K+good": "built", "a@1.8.0-npu-16K+bad": "failed",
+                                                             "a@1.8.0-npu-4K+good": "built", "a@1.8.0-npu-4K+bad": "failed"}
+    bad = by_id["a@1.8.0-npu-16K+bad"]
+    assert bad["error"].startswith("fuse: stage fuse wrote an output that fails its checks") and bad["package"] is None
+    assert [s["status"] for s in bad["stages"]] == ["cached", "built", "failed", "skipped"] or \
+        [s["status"] for s in bad["stages"]][-2:] == ["failed", "skipped"]
+    assert Path(by_id["a@1.8.0-npu-16K+good"]["package"]).parent == batch_env / "zoo" / "good"
+    from pipeline.batch.run import exit_code
+
+    assert exit_code(doc) == 1 and doc["jobs"]["quantize"] == 1  # one quantize for the four entries
+    ran = len(calls(batch_env))
+    again, _ = run(write_matrix(batch_env, models=("a",), extra=extra), jobs=2)  # a rerun picks up from the cache
+    assert [e["status"] for e in again["entries"]] == [e["status"].replace("built", "cached") for e in doc["entries"]]
+    assert calls(batch_env)[ran:] == ["fuse", "fuse"]  # only the failed jobs run again (and fail again)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('profiles = ["1.8.0-npu-16K"]\n[[models]]\nname = "a"\n', r"matrix.toml: /models/0/path is missing"),
+    ('profiles = ["nope"]\n[[models]]\nname = "a"\nexample = true\n', r"/profiles: 'nope' is not a profile"),
+    ('profiles = ["1.8.0-npu-16K"]\n[[models]]\nname = "a"\nexample = true\n[recipe.quantize]\ngrup = 1\n',
+     r"entry a@1.8.0-npu-16K: \[quantize\]: unknown option 'grup'"),
+    ('profiles = ["1.8.0-npu-16K"]\n[[models]]\nname = "a"\nexample = true\n[[models]]\nname = "a"\nexample = true\n',
+     r"/models/1/name 'a' is used twice"),
+])
+def test_a_bad_matrix_is_one_sentence_and_builds_nothing(env, text, expected):
+    from pipeline.batch.matrix import load
+    from pipeline.core.errors import UsageError
+
+    (env / "matrix.toml").write_text(text)
+    with pytest.raises(UsageError, match=expected) as err:
+        load(env / "matrix.toml")
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert not (env / "zoo").exists() and calls(env) == []

@@ -1,0 +1,113 @@
+"""A batch matrix (schemas/matrix.schema.json): models x target profiles x override sets, each combination
+one entry with its own recipe (pipeline/build/recipe.py), checked before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from pipeline.build import recipe as recipes
+from pipeline.build import stages
+from pipeline.build.config import parse_config
+from pipeline.build.inputs import check_model_dir
+from pipeline.core import schemas
+from pipeline.core.errors import RaipackError, UsageError
+from pipeline.npu import profile as profiles
+
+HINT = "see `raipack schemas matrix`"
+
+
+@dataclass
+class Entry:
+    """One matrix entry: a model for a profile with one override set."""
+
+    id: str
+    model: str
+    profile: str
+    overrides: str | None
+    recipe: recipes.Recipe
+    source: Path | None = None  # the checked model folder, standing in for the source stage; None: the example
+
+
+@dataclass
+class Matrix:
+    path: Path
+    entries: list[Entry]
+    output: Path
+    jobs: int | None = None
+    executor: str | None = None
+    model_package: dict = field(default_factory=dict)
+
+
+def load(path: Path) -> Matrix:
+    """Read and check a matrix file; every entry's recipe is checked too (its schema, its stages' options and
+    preflights), so a bad matrix builds nothing."""
+    path = Path(path)
+    doc = _read(path)
+    problems = schemas.errors("matrix", doc)
+    if problems:
+        pointer, message = problems[0]
+        raise UsageError(f"{path}: {message}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), HINT)
+    base = path.resolve().parent
+    _unique(path, [m["name"] for m in doc["models"]], "models", "name")
+    sets = doc.get("overrides") or [{}]
+    _unique(path, [s.get("name") for s in sets], "overrides", "name")
+    for pid in doc["profiles"]:
+        _profile(path, pid)
+    output = base / doc.get("output", "zoo")
+    entries = [_entry(path, base, output, m, pid, doc.get("recipe", {}), s, many=len(sets) > 1)
+               for m in doc["models"] for pid in doc["profiles"] for s in sets]
+    return Matrix(path, entries, output, doc.get("jobs"), doc.get("executor"), doc.get("model_package", {}))
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"matrix {path} does not exist", "give the path of a .toml matrix file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"matrix {path} cannot be read: {exc}", "check the file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"matrix {path} is not valid TOML: {exc}", "fix the syntax") from None
+
+
+def _unique(path: Path, names: list, table: str, key: str) -> None:
+    seen = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise UsageError(f"{path}: /{table}/{i}/{key} {name!r} is used twice; expected a unique {key}", HINT)
+        seen.add(name)
+
+
+def _profile(path: Path, pid: str) -> None:
+    try:
+        profiles.get(pid)
+    except RaipackError:
+        raise UsageError(f"{path}: /profiles: {pid!r} is not a profile; expected a target profile id", "see `raipack profiles`") from None
+
+
+def _entry(path: Path, base: Path, output: Path, model: dict, pid: str, common: dict, override: dict, many: bool) -> Entry:
+    name = override.get("name")
+    entry_id = f"{model['name']}@{pid}" + (f"+{name}" if name else "")
+    flat = {"name": model["name"], "profile": pid, "output": str(output / name if many else output),
+            "trust_remote_code": model.get("trust_remote_code")}
+    if "path" in model:
+        flat["model"] = str(base / model["path"])
+    for table in stages.order():
+        for opt, value in {**common.get(table, {}), **override.get(table, {})}.items():
+            flat[f"{table}.{opt}"] = value
+    try:
+        recipe = recipes.load(None, flat)
+        source = check_model_dir(Path(recipe.model), recipe.trust_remote_code) if recipe.model else None
+        profile = profiles.get(pid)
+        for st_name in stages.order():
+            st = stages.get(st_name)
+            cfg = parse_config(st.config, recipe.stages.get(st_name), f"[{st_name}]")
+            if st.preflight is not None:
+                st.preflight(cfg, profile)
+    except RaipackError as exc:
+        raise UsageError(f"{path}: entry {entry_id}: {exc}", exc.hint or HINT) from None
+    recipe.path = str(path)
+    return Entry(entry_id, model["name"], pid, name, recipe, source)

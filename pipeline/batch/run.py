@@ -1,0 +1,62 @@
+"""`raipack batch` as a use case: load the matrix, pick the executor, run the graph, return the report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from pipeline.batch import report
+from pipeline.batch.graph import Batch
+from pipeline.batch.matrix import load
+from pipeline.build import cache, staging
+from pipeline.core.errors import UsageError
+
+
+def make_executor(kind: str, jobs: int, address: str | None, root: Path, warn: Callable[[str], None], memory_free=None):
+    if kind == "ray":
+        from pipeline.batch.ray_executor import RayExecutor  # only now: ray is the cluster extra's
+
+        return RayExecutor(address, cache_root=root)
+    if address:
+        raise UsageError("--address names a Ray cluster, but the executor is local", "add --executor ray, or drop --address")
+    from pipeline.batch.local import LocalExecutor
+
+    return LocalExecutor(jobs, memory_free, warn=warn)
+
+
+def run_batch(matrix_path: Path, *, executor: str | None = None, address: str | None = None, jobs: int | None = None,
+              line: Callable[[str], None] = print, warn: Callable[[str], None] = print, cache_root: Path | None = None,
+              memory_free=None, make=make_executor) -> dict:
+    """Build every entry of the matrix; the report document (pipeline/batch/report.py: document)."""
+    start = time.perf_counter()
+    matrix = load(matrix_path)  # a bad matrix is refused here: nothing runs
+    root = Path(cache_root) if cache_root else cache.cache_root()
+    ex = make(executor or matrix.executor or "local", jobs or matrix.jobs or 1, address, root, warn, memory_free)
+    staging.hold(root)
+    try:
+        staging.sweep_cache(root)
+        batch = Batch(matrix.entries, ex, root, on_job=lambda task: line(report.job_line(task)), warn=warn)
+        entries = batch.run()
+    finally:
+        ex.shutdown()
+        staging.release(root)
+    doc = report.document(str(matrix_path), entries, batch.counts(), time.perf_counter() - start)
+    if matrix.model_package.get("assemble"):
+        doc["model_packages"] = _model_packages(entries, matrix.output)
+    return doc
+
+
+def _model_packages(entries: list[dict], output: Path):
+    """H9's assembly (pipeline/modelpackage): one multi-variant ONNX Runtime model package per model."""
+    from pipeline.modelpackage.assemble import assemble_all
+
+    by_model: dict[str, list[dict]] = {}
+    for e in entries:
+        if e["package"]:
+            by_model.setdefault(e["model"], []).append(e)
+    return assemble_all(by_model, output)
+
+
+def exit_code(doc: dict) -> int:
+    return 1 if any(e["status"] in ("failed", "skipped") for e in doc["entries"]) else 0

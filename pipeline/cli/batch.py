@@ -1,0 +1,43 @@
+"""`raipack batch`: a matrix of models x profiles x overrides, built as stage jobs on an executor."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.cli.main import cli
+from pipeline.core.env import OFFLINE, THREADS
+
+
+@cli.command()
+@click.argument("matrix", type=click.Path(path_type=Path))
+@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where stage jobs run: local worker processes (default) or a Ray cluster.")
+@click.option("--address", help="The Ray cluster's head (host:port) for --executor ray; default: a Ray of this machine's own.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Local executor: stage jobs at once, memory permitting (default 1).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True, help="The report's format.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report to this file instead of stdout.")
+def batch(matrix, executor, address, jobs, fmt, output):
+    """Build a matrix of models x profiles x recipe overrides (see `raipack schemas matrix`).
+
+    Exit codes: 0 every entry built, 1 an entry failed, 2 a bad matrix or option."""
+    os.environ.update(OFFLINE)
+    for key, value in THREADS.items():
+        os.environ.setdefault(key, value)
+    from pipeline.batch import report
+    from pipeline.batch.run import exit_code, run_batch
+    from pipeline.core.output import atomic_write_text
+
+    def line(text: str) -> None:
+        click.echo(text, err=True)
+
+    doc = run_batch(matrix, executor=executor, address=address, jobs=jobs, line=line, warn=lambda t: click.secho(t, err=True, fg="yellow"))
+    text = {"text": lambda d: report.table(d["entries"], d["jobs"]) + "\n", "json": report.to_json, "junit": report.to_junit}[fmt](doc)
+    if output:
+        atomic_write_text(output, text)
+        click.echo(report.table(doc["entries"], doc["jobs"]), err=True)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(exit_code(doc))

@@ -197,3 +197,89 @@ def test_a_bad_matrix_is_one_sentence_and_builds_nothing(env, text, expected):
         load(env / "matrix.toml")
     assert err.value.exit_code == 2 and "\n" not in str(err.value)
     assert not (env / "zoo").exists() and calls(env) == []
+
+
+# --------------------------------------------------------------------------- the local executor
+
+def _admitted(arg: dict) -> dict:
+    """A job that records when it ran (start, end) in its own file, so the test sees what overlapped."""
+    import time
+
+    start = time.monotonic()
+    time.sleep(arg["seconds"])
+    Path(arg["log"]).write_text(json.dumps([start, time.monotonic(), arg["memory"]]))
+    return {"memory": arg["memory"]}
+
+
+def test_the_local_executor_never_admits_more_memory_than_is_free(tmp_path):
+    from pipeline.batch.local import GIB, LocalExecutor
+
+    free = 10 * GIB  # a fake machine with 10 GiB free whatever runs (the running jobs' estimates are subtracted)
+    warnings: list[str] = []
+    ex = LocalExecutor(3, memory_free=lambda: free, start_method="fork", warn=warnings.append)
+    sizes = [6, 6, 3, 3, 3, 12]  # GiB; the last is larger than the machine: it runs alone, with a warning
+    handles = [ex.submit(_admitted, {"seconds": 0.3, "memory": n * GIB, "log": str(tmp_path / f"{i}.json")}, {"memory": n * GIB})
+               for i, n in enumerate(sizes)]
+    pending = handles
+    while pending:
+        _, pending = ex.wait(pending, None)
+    assert [ex.result(h)["memory"] for h in handles] == [n * GIB for n in sizes]
+    ex.shutdown()
+    spans = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(len(sizes))]
+    for start, _, _ in spans:  # at every job's start: the memory of the jobs then running fits in what is free
+        running = [m for s, e, m in spans if s <= start < e]
+        assert sum(running) <= free or running == [12 * GIB], running
+    assert ex.peak >= 2  # small jobs did run side by side
+    assert len(warnings) == 1 and "12.0 GiB" in warnings[0] and "runs alone" in warnings[0]
+
+
+# --------------------------------------------------------------------------- the command
+
+def test_the_command_writes_junit_and_json_and_exits_1_on_a_failed_entry(batch_env, monkeypatch):
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    monkeypatch.setattr("pipeline.batch.run.make_executor", fork_executor)
+    extra = '[[overrides]]\nname = "good"\n[[overrides]]\nname = "bad"\nfuse = { fail = true }\n'
+    matrix = write_matrix(batch_env, models=("a",), profiles=("1.8.0-npu-16K",), extra=extra)
+    res = CliRunner().invoke(cli, ["batch", str(matrix), "--format", "junit", "-o", str(batch_env / "r.xml"), "--jobs", "2"])
+    assert res.exit_code == 1, res.output
+    import xml.etree.ElementTree as ET
+
+    cases = ET.parse(batch_env / "r.xml").getroot().findall("testcase")
+    assert [c.get("name") for c in cases] == ["a@1.8.0-npu-16K+good", "a@1.8.0-npu-16K+bad"]
+    assert cases[0].find("failure") is None and "fails its checks" in cases[1].find("failure").get("message")
+    res = CliRunner().invoke(cli, ["batch", str(matrix), "--format", "json"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 1 and [e["status"] for e in doc["entries"]] == ["cached", "failed"]
+    assert doc["jobs"] == {"quantize": 1, "export": 1, "fuse": 2, "smoke": 1}
+
+
+def test_ray_without_ray_installed_is_one_sentence(batch_env, monkeypatch, capsys):
+    from pipeline.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    with pytest.raises(SystemExit) as exit_:
+        main(["batch", str(write_matrix(batch_env, models=("a",))), "--executor", "ray"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--executor ray needs the ray package" in err and "Traceback" not in err
+    assert calls(batch_env) == [] and not (batch_env / "zoo").exists()
+
+
+def test_a_real_two_job_batch_of_a_tiny_model(tiny_llama, tmp_path, monkeypatch):
+    """Real stages in spawned worker processes (the default executor): one tiny model x 2 profiles, RTN.
+    One quantize and one export serve both entries; the two fuse jobs may run side by side."""
+    from pipeline.batch.run import exit_code, run_batch
+
+    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(f'output = "zoo"\nprofiles = ["1.8.0-npu-4K", "1.7.1-npu-4K"]\n[[models]]\nname = "tiny"\npath = "{tiny_llama}"\n'
+                      '[recipe.quantize]\nalgorithm = "rtn"\nquality = false\n')
+    lines: list[str] = []
+    doc = run_batch(matrix, jobs=2, line=lines.append, warn=lines.append)
+    assert exit_code(doc) == 0, [e["error"] for e in doc["entries"]]
+    assert doc["jobs"] == {"quantize": 1, "export": 1, "fuse": 2, "smoke": 2} and len(lines) == 6
+    for e in doc["entries"]:
+        assert e["status"] == "built" and validate(Path(e["package"])).failed() is False
+        assert manifest.read(Path(e["package"]))["target_profile"] == e["profile"]

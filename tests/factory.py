@@ -265,6 +265,9 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: 
             raise ValueError(f"{profile_id} packages are copies of one real fused package; they take no dimensions or sizes")
         shutil.copytree(reference_package(profile_id), pkg, dirs_exist_ok=True)
         return pkg
+    if profile["target"] == "model-package":  # an ONNX Runtime model package: the 4K reference package and its export
+        shutil.copytree(model_package(), pkg, dirs_exist_ok=True)
+        return pkg
     d = d or Dims()
     pkg.mkdir(parents=True, exist_ok=True)
     lay = layout_for(profile)
@@ -434,6 +437,16 @@ def reference_package(profile_id: str) -> Path:
     if not folder.is_dir():
         raise ValueError(f"{profile_id} is not a reference profile")
     return folder
+
+
+@lru_cache(maxsize=1)
+def model_package() -> Path:
+    """An ONNX Runtime model package (pipeline/modelpackage) of the reference-4K package and the export it
+    was fused from, assembled once per process beside the reference packages (read-only: copy it first)."""
+    from pipeline.modelpackage.assemble import assemble_model_package
+
+    out = _reference_build().parent / f"model-package-{os.getpid()}" / "Model.ortpackage"
+    return assemble_model_package([reference_package("reference-4K")], out, export=reference_export()[0], name="Model")
 
 
 def reference_export() -> tuple[Path, Path]:

@@ -26,14 +26,14 @@ def _files(pkg, pred):
 
 
 def m_truncate_json(pkg, rng):
-    path = rng.choice(_files(pkg, lambda p: p.suffix == ".json"))
+    path = rng.choice(_files(pkg, lambda p: p.suffix == ".json" and p.stat().st_size > 2))  # AMD's hybrid config.json is "{}"
     data = path.read_bytes()
     path.write_bytes(data[: rng.randrange(1, len(data) - 1)])
     return "m_truncate_json"
 
 
 def m_non_utf8(pkg, rng):
-    path = rng.choice(_files(pkg, lambda p: p.suffix == ".json"))
+    path = rng.choice(_files(pkg, lambda p: p.suffix == ".json" and p.stat().st_size > 2))
     data = bytearray(path.read_bytes())
     data[rng.randrange(1, len(data) - 1)] = rng.choice([0xFF, 0xFE, 0xC3])
     path.write_bytes(bytes(data))

@@ -85,4 +85,6 @@ def check_example_package_files(pkg, tmp_path):
     assert [r.findtext("td") for r in doc.findall(".//table[@id='stage-table']/tbody/tr")] == ["source", "quantize", "export", "fuse", "smoke"]
     assert len([e for e in doc.iter() if e.tag.endswith("svg")]) >= 2  # stage bars, the smoke run's TTFT per tier
     assert doc.find(".//section[@id='findings']") is not None
+    tiers = {r.findall("td")[0].text: r.findall("td")[1].text for r in doc.findall(".//table[@id='tier-table']/tbody/tr")}
+    assert tiers["prefill"].startswith("1, 128, 256") and tiers["token"].startswith("384, 640")  # the tiers compiled into the package
     html5lib.HTMLParser(strict=True).parse((pkg / "report.html").read_text())

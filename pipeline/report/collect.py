@@ -22,7 +22,7 @@ def page_data(name: str, summary: dict, findings: list[dict], report: dict | Non
         "quality": quality_chain(stages),
         "eval": eval_tables(evaluation),
         "perf": performance(stages, bench),
-        "tiers": {"rows": summary.get("tiers") or [], "in_files": (summary.get("buckets") or {}).get("tiers_in_files") or {},
+        "tiers": {"rows": summary.get("tiers") or [], "in_files": {phase.lower(): tiers for phase, tiers in ((summary.get("buckets") or {}).get("tiers_in_files") or {}).items()},  # Prefill -> prefill
                   "profile": (summary.get("buckets") or {}).get("profile_tiers") or {}, "smoke": _smoke(stages).get("tiers") or []},
         "files": summary.get("files") or {},
         "quantization": summary.get("quantization") or {},

@@ -10,6 +10,7 @@ from pipeline.checks import Context, run_checks
 from pipeline.core.errors import NothingToValidate, RaipackError, UsageError
 from pipeline.core.findings import Result
 from pipeline.core.package import Package, role_of
+from pipeline.modelpackage import check as model_package
 from pipeline.npu import profile as profiles
 
 MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
@@ -62,6 +63,8 @@ def _model_type(pkg: Package) -> str | None:
 def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None) -> Result:
     """Validate a folder; `virtual` maps file names to JSON documents that count
     as present (the runner checks a staged folder with its future manifest)."""
+    if profile == model_package.PROFILE or (profile == "auto" and model_package.is_model_package(path)):  # each variant with its own profile
+        return model_package.validate_package(Path(path), select, ignore, verify_hashes, jobs)
     start = time.perf_counter()
     ctx, reason = open_package(path, profile, verify_hashes, jobs, virtual)
     findings, ran = run_checks(ctx, select, ignore)
@@ -88,7 +91,7 @@ def _zoo_members(path: Path) -> list[Path]:
             children = [Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
-    return sorted(child for child in children if _has_model_file(child))
+    return sorted(child for child in children if _has_model_file(child) or model_package.is_model_package(child))
 
 
 def _has_model_file(folder: Path) -> bool:
@@ -126,6 +129,7 @@ def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hash
     if jobs > 1 and many:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(min(jobs, len(args))) as pool:
-            return list(pool.map(validate_one, args))
+        first = validate_one(args[0])  # here first: the forked workers inherit the loaded checks and schemas
+        with ProcessPoolExecutor(min(jobs, len(args) - 1)) as pool:  # a few chunks per worker: less pickling
+            return [first, *pool.map(validate_one, args[1:], chunksize=max(1, len(args) // (4 * jobs)))]
     return [validate_one(arg) for arg in args]

@@ -43,19 +43,20 @@ def run_batch(matrix_path: Path, *, executor: str | None = None, address: str | 
         staging.release(root)
     doc = report.document(str(matrix_path), entries, batch.counts(), time.perf_counter() - start)
     if matrix.model_package.get("assemble"):
-        doc["model_packages"] = _model_packages(entries, matrix.output)
+        doc["model_packages"] = _model_packages(entries, matrix.output, root)
     return doc
 
 
-def _model_packages(entries: list[dict], output: Path):
-    """H9's assembly (pipeline/modelpackage): one multi-variant ONNX Runtime model package per model."""
-    from pipeline.modelpackage.assemble import assemble_all
+def _model_packages(entries: list[dict], output: Path, root: Path):
+    """H9's assembly (pipeline/modelpackage): one multi-variant ONNX Runtime model package per model,
+    its CPU variant the export found in this batch's cache."""
+    from pipeline.modelpackage.assemble import assemble_model_packages
 
     by_model: dict[str, list[dict]] = {}
     for e in entries:
         if e["package"]:
             by_model.setdefault(e["model"], []).append(e)
-    return assemble_all(by_model, output)
+    return assemble_model_packages(by_model, output, cache_root=root)
 
 
 def exit_code(doc: dict) -> int:

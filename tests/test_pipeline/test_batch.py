@@ -275,7 +275,7 @@ def test_a_real_two_job_batch_of_a_tiny_model(tiny_llama, tmp_path, monkeypatch)
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     matrix = tmp_path / "m.toml"
     matrix.write_text(f'output = "zoo"\nprofiles = ["1.8.0-npu-4K", "1.7.1-npu-4K"]\n[[models]]\nname = "tiny"\npath = "{tiny_llama}"\n'
-                      '[recipe.quantize]\nalgorithm = "rtn"\nquality = false\n')
+                      '[recipe.quantize]\nalgorithm = "rtn"\nquality = false\n[model_package]\nassemble = true\n')
     lines: list[str] = []
     doc = run_batch(matrix, jobs=2, line=lines.append, warn=lines.append)
     assert exit_code(doc) == 0, [e["error"] for e in doc["entries"]]
@@ -283,3 +283,7 @@ def test_a_real_two_job_batch_of_a_tiny_model(tiny_llama, tmp_path, monkeypatch)
     for e in doc["entries"]:
         assert e["status"] == "built" and validate(Path(e["package"])).failed() is False
         assert manifest.read(Path(e["package"]))["target_profile"] == e["profile"]
+    assembled = doc["model_packages"]["tiny"]  # H9: one ORT model package, its cpu variant the export found in the batch's cache
+    assert assembled["status"] == "built" and validate(Path(assembled["package"])).failed() is False, assembled
+    variants = json.loads((Path(assembled["package"]) / "manifest.json").read_text())["components"]["model"]["variants"]
+    assert sorted(variants) == ["1.7.1-npu-4K", "1.8.0-npu-4K", "cpu"]

@@ -29,6 +29,7 @@ import fake_stages
 from factory import make_package, reference_package
 from pipeline.build import stages as stage_mod
 from pipeline.core import manifest
+from pipeline.core.errors import RaipackError
 from pipeline.validate import validate
 
 pytestmark = [pytest.mark.xdist_group("ray")]  # one cluster for the module, on one xdist worker
@@ -165,6 +166,37 @@ def test_validate_zoo_on_the_cluster(cluster, tmp_path, monkeypatch, capsys):
     assert info.value.code == 1 and [Path(r["root"]).name for r in results] == ["m0", "m1", "m2", "m3"]
     assert [r["counts"]["error"] > 0 for r in results] == [False, False, False, True]
     assert not (tmp_path / "RAN").exists(), "a Ray worker imported the module planted in the current folder"
+
+
+# --------------------------------------------------------------------------- the executor's own rules
+
+def refuse(arg: dict) -> dict:
+    raise RaipackError(f"stage {arg['stage']} refused its input", "give it another")
+
+
+def test_executor_errors_and_resources(cluster):
+    """A job's own error comes back as itself (its hint too), not wrapped in Ray's; a job that asks for a
+    resource no node has is refused in one sentence naming it, instead of waiting forever."""
+    from pipeline.batch.ray_executor import task_options
+
+    assert task_options({"memory": 3 * 2**30, "num_cpus": 2, "num_gpus": 0, "ryzenai_sdk": 1, "npu": 0}, 3) == {
+        "num_cpus": 2, "memory": 3 * 2**30, "resources": {"ryzenai_sdk": 1}, "max_retries": 3, "retry_exceptions": False}
+    assert task_options({"num_gpus": 1, "npu": 1}, 2)["num_gpus"] == 1
+    ex = connected(cluster, 1)
+    try:
+        failing = ex.submit(refuse, {"stage": "fuse"}, {"num_cpus": 1})
+        npu = ex.submit(refuse, {"stage": "smoke"}, {"num_cpus": 1, "npu": 1})
+        huge = ex.submit(refuse, {"stage": "quantize"}, {"num_cpus": 1, "memory": 2**50})
+        assert ex.wait([npu, huge], 0)[0] == [npu, huge]  # done at once
+        with pytest.raises(RaipackError) as err:
+            ex.result(failing)
+        assert str(err.value) == "stage fuse refused its input" and err.value.hint == "give it another"
+        with pytest.raises(RaipackError, match=r"no node of the Ray cluster has what the job asks for \(CPU 1, npu 1\)"):
+            ex.result(npu)
+        with pytest.raises(RaipackError, match=r"memory 1048576\.0 GiB"):
+            ex.result(huge)
+    finally:
+        ex.shutdown()
 
 
 # --------------------------------------------------------------------------- a batch, and a node killed

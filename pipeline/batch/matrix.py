@@ -57,7 +57,8 @@ def load(path: Path) -> Matrix:
     for pid in doc["profiles"]:
         _profile(path, pid)
     output = base / doc.get("output", "zoo")
-    entries = [_entry(path, base, output, m, pid, doc.get("recipe", {}), s, many=len(sets) > 1)
+    checked: dict = {}  # each model folder is checked once (pipeline/build/inputs.py), however many entries use it
+    entries = [_entry(path, base, output, m, pid, doc.get("recipe", {}), s, many=len(sets) > 1, checked=checked)
                for m in doc["models"] for pid in doc["profiles"] for s in sets]
     return Matrix(path, entries, output, doc.get("jobs"), doc.get("executor"), doc.get("model_package", {}))
 
@@ -88,7 +89,7 @@ def _profile(path: Path, pid: str) -> None:
         raise UsageError(f"{path}: /profiles: {pid!r} is not a profile; expected a target profile id", "see `raipack profiles`") from None
 
 
-def _entry(path: Path, base: Path, output: Path, model: dict, pid: str, common: dict, override: dict, many: bool) -> Entry:
+def _entry(path: Path, base: Path, output: Path, model: dict, pid: str, common: dict, override: dict, many: bool, checked: dict) -> Entry:
     name = override.get("name")
     entry_id = f"{model['name']}@{pid}" + (f"+{name}" if name else "")
     flat = {"name": model["name"], "profile": pid, "output": str(output / name if many else output),
@@ -100,7 +101,10 @@ def _entry(path: Path, base: Path, output: Path, model: dict, pid: str, common: 
             flat[f"{table}.{opt}"] = value
     try:
         recipe = recipes.load(None, flat)
-        source = check_model_dir(Path(recipe.model), recipe.trust_remote_code) if recipe.model else None
+        source = None
+        if recipe.model:
+            ident = (recipe.model, recipe.trust_remote_code)
+            source = checked[ident] = checked.get(ident) or check_model_dir(Path(recipe.model), recipe.trust_remote_code)
         profile = profiles.get(pid)
         for st_name in stages.order():
             st = stages.get(st_name)

@@ -17,9 +17,11 @@ def job_line(task) -> str:
     return line + (f": {task.error}" if task.error else "")
 
 
-def table(entries: list[dict], counts: dict[str, int]) -> str:
-    """The summary: one row per entry, then the jobs per stage against the entries they served."""
+def table(entries: list[dict], counts: dict[str, int], model_packages: dict | None = None) -> str:
+    """The summary: one row per entry (and per assembled model package), then the jobs per stage against
+    the entries they served."""
     rows = [("entry", "status", "package / error")] + [(e["entry"], e["status"], e["package"] or e["error"] or "") for e in entries]
+    rows += [(f"{model} (model package)", m["status"], m["package"] or m["error"] or "") for model, m in (model_packages or {}).items()]
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}" for r in rows]
     tally = {s: sum(1 for e in entries if e["status"] == s) for s in STATUS_ORDER}

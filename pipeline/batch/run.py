@@ -60,4 +60,7 @@ def _model_packages(entries: list[dict], output: Path, root: Path):
 
 
 def exit_code(doc: dict) -> int:
-    return 1 if any(e["status"] in ("failed", "skipped") for e in doc["entries"]) else 0
+    """1 when an entry (or a model package) failed, else 0."""
+    failed = [e for e in doc["entries"] if e["status"] in ("failed", "skipped")]
+    failed += [m for m in (doc.get("model_packages") or {}).values() if m["status"] == "failed"]
+    return 1 if failed else 0

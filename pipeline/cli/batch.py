@@ -34,10 +34,10 @@ def batch(matrix, executor, address, jobs, fmt, output):
         click.echo(text, err=True)
 
     doc = run_batch(matrix, executor=executor, address=address, jobs=jobs, line=line, warn=lambda t: click.secho(t, err=True, fg="yellow"))
-    text = {"text": lambda d: report.table(d["entries"], d["jobs"]) + "\n", "json": report.to_json, "junit": report.to_junit}[fmt](doc)
+    text = {"text": lambda d: report.table(d["entries"], d["jobs"], d.get("model_packages")) + "\n", "json": report.to_json, "junit": report.to_junit}[fmt](doc)
     if output:
         atomic_write_text(output, text)
-        click.echo(report.table(doc["entries"], doc["jobs"]), err=True)
+        click.echo(report.table(doc["entries"], doc["jobs"], doc.get("model_packages")), err=True)
     else:
         click.echo(text, nl=False)
     sys.exit(exit_code(doc))

@@ -287,3 +287,13 @@ def test_a_real_two_job_batch_of_a_tiny_model(tiny_llama, tmp_path, monkeypatch)
     assert assembled["status"] == "built" and validate(Path(assembled["package"])).failed() is False, assembled
     variants = json.loads((Path(assembled["package"]) / "manifest.json").read_text())["components"]["model"]["variants"]
     assert sorted(variants) == ["1.7.1-npu-4K", "1.8.0-npu-4K", "cpu"]
+
+
+def test_a_failed_model_package_fails_the_batch_and_is_in_the_table():
+    from pipeline.batch.report import table
+    from pipeline.batch.run import exit_code
+
+    entry = {"entry": "a@p", "status": "built", "package": "zoo/a_p", "error": None, "stages": []}
+    failed = {"a": {"status": "failed", "package": None, "error": "variant p: broken"}}
+    assert exit_code({"entries": [entry]}) == 0 and exit_code({"entries": [entry], "model_packages": failed}) == 1
+    assert "a (model package)  failed  variant p: broken" in table([entry], {"fuse": 1}, failed)

@@ -169,5 +169,5 @@ def _variant(root: Path, variant: layout.Variant, out: _Findings, select, ignore
     out.ran.update(result.checks_run)
     for f in result.findings:
         path = origin.get(f.path) or (f"{variant.directory}/{f.path}" if f.path else variant.directory)
-        out.items.append(Finding(f.check_id, f.severity, path, f"variant {variant.name}: {f.message}", f.hint, f.pointer))
+        out.items.append(Finding(f.check_id, f.severity, path, f"{f.message} (variant {variant.name})", f.hint, f.pointer))
     return result

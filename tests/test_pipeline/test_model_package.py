@@ -121,14 +121,14 @@ def _errors(result):
     return [f for f in result.findings if f.severity == "error"]
 
 
-def test_a_broken_variant_fails_naming_it(package, tmp_path):
+def test_a_broken_variant_fails_naming_it(package, tmp_path, capsys):
     pkg = _copy(package, tmp_path)
     (pkg / "1.8.0-npu-16K" / "model.pb.bin").unlink()
     errors = _errors(validate(pkg))
-    assert errors and all(f.message.startswith("variant 1.8.0-npu-16K: ") and f.path.startswith("1.8.0-npu-16K/") for f in errors)
+    assert errors and all(f.message.endswith(" (variant 1.8.0-npu-16K)") and f.path.startswith("1.8.0-npu-16K/") for f in errors)
     with pytest.raises(SystemExit) as exit_info:
         main(["validate", str(pkg)])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 1 and "1.8.0-npu-16K/model.pb.bin" in capsys.readouterr().out
 
 
 def test_a_changed_shared_asset_or_a_wrong_reference_is_found(package, tmp_path):
@@ -168,7 +168,7 @@ def test_assembly_refuses_what_it_cannot_package_and_leaves_nothing(built, tmp_p
     broken = tmp_path / "broken"
     shutil.copytree(packages[1], broken)
     (broken / "model.pb.bin").unlink()  # its variant fails validation after everything was written
-    with pytest.raises(RaipackError, match="fails validation: 1.8.0-npu-16K/.*variant 1.8.0-npu-16K: "):
+    with pytest.raises(RaipackError, match=r"fails validation: 1.8.0-npu-16K/.*\(variant 1.8.0-npu-16K\)"):
         assemble_model_package([packages[0], broken], out / "x.ortpackage", cache_root=cache)
     assert list(out.iterdir()) == []  # no package, no staging folder
     results = assemble_model_packages({"a": [{"status": "built", "package": str(stranger)}], "b": [{"status": "failed", "package": None}]}, out, cache_root=cache)

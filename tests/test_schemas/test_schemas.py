@@ -21,7 +21,7 @@ SIDECAR = "expected.json"
 KINDS = [
     "genai_config", "quantization_config", "model_config", "rai_config", "cache_meta",
     "generation_config", "manifest", "report", "profile", "recipe", "metastate_plan", "metastate_schedule",
-    "ort_model_package",
+    "ort_model_package", "matrix",
 ]
 
 

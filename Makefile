@@ -77,6 +77,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 
+# Not in `make bench` (it starts Ray and takes minutes): validating 200 packages serial / --jobs 2 / Ray,
+# and a 2 x 2 batch of tiny models serial / batch; figures in docs/measurements/zoo.md.
+bench-zoo: $(STAMP)
+	$(PY) bench/zoo.py
+
 # Not in `make test` or `make bench`: a random-weight Llama-3.2-1B-sized model through every stage
 # (RTN, then AWQ), 1-2 hours on 2 shared cores, ~15 GiB at the peak; figures in docs/measurements/real_size.md.
 bench-real: $(STAMP) $(LIGHT)/.installed

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
-.PHONY: demo test test-fast lint chromium validate-light bench bench-real constraints clean distclean
+.PHONY: demo test test-fast lint chromium validate-light bench bench-zoo bench-real constraints clean distclean
 
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside

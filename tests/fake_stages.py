@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -143,3 +144,19 @@ def install() -> None:
         return real_replace(*args, **kw)
 
     runner._assemble, swap.replace_dir, shutil.copytree = assemble, replace_dir, copytree
+
+
+def use_in_test(tmp_path: Path, monkeypatch) -> Path:
+    """The fake stages for one test, in-process: its own cache and call log under `tmp_path`, which becomes the cwd."""
+    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAIPACK_FAKE_CALLS", str(tmp_path / "calls.txt"))
+    monkeypatch.setattr(sys.modules[__name__], "CALLS", tmp_path / "calls.txt")
+    monkeypatch.setattr("pipeline.build.stages.get", FAKES.__getitem__)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def calls_in(folder: Path) -> list[str]:
+    """The stages the fakes ran, in order (use_in_test's log)."""
+    p = folder / "calls.txt"
+    return p.read_text().split() if p.exists() else []

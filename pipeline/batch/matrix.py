@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
-
 from pipeline.build import recipe as recipes
 from pipeline.build import stages
 from pipeline.build.config import parse_config
@@ -45,7 +43,7 @@ def load(path: Path) -> Matrix:
     """Read and check a matrix file; every entry's recipe is checked too (its schema, its stages' options and
     preflights), so a bad matrix builds nothing."""
     path = Path(path)
-    doc = _read(path)
+    doc = recipes.read_toml(path, "matrix")
     problems = schemas.errors("matrix", doc)
     if problems:
         pointer, message = problems[0]
@@ -62,16 +60,6 @@ def load(path: Path) -> Matrix:
                for m in doc["models"] for pid in doc["profiles"] for s in sets]
     return Matrix(path, entries, output, doc.get("jobs"), doc.get("executor"), doc.get("model_package", {}))
 
-
-def _read(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"matrix {path} does not exist", "give the path of a .toml matrix file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"matrix {path} cannot be read: {exc}", "check the file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"matrix {path} is not valid TOML: {exc}", "fix the syntax") from None
 
 
 def _unique(path: Path, names: list, table: str, key: str) -> None:

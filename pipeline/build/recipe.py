@@ -59,14 +59,7 @@ def load(path: Path | None, overrides: dict | None = None) -> Recipe:
     if path is not None:
         path = Path(path)
         where = str(path)
-        try:
-            doc = tomllib.loads(path.read_text("utf-8"))
-        except FileNotFoundError:
-            raise UsageError(f"recipe {path} does not exist", "give the path of a .toml recipe") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"recipe {path} cannot be read: {exc}", "check the file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"recipe {path} is not valid TOML: {exc}", "fix the syntax") from None
+        doc = read_toml(path, "recipe")
     for key, value in (overrides or {}).items():
         if value is None:
             continue
@@ -82,3 +75,15 @@ def load(path: Path | None, overrides: dict | None = None) -> Recipe:
     if recipe.is_example and recipe.expected_answer is None:
         recipe.expected_answer = "Paris"
     return recipe
+
+
+def read_toml(path: Path, what: str) -> dict:
+    """A TOML file a user gives (a recipe, a batch matrix), or one sentence saying why it cannot be read."""
+    try:
+        return tomllib.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} does not exist", f"give the path of a .toml {what} file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{what} {path} cannot be read: {exc}", "check the file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{what} {path} is not valid TOML: {exc}", "fix the syntax") from None

@@ -24,17 +24,10 @@ TESTS = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("RAIPACK_FAKE_CALLS", str(tmp_path / "calls.txt"))
-    monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.build.stages.get", fake_stages.FAKES.__getitem__)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    return fake_stages.use_in_test(tmp_path, monkeypatch)
 
 
-def calls(env) -> list[str]:
-    p = env / "calls.txt"
-    return p.read_text().split() if p.exists() else []
+calls = fake_stages.calls_in
 
 
 def test_stage_job_builds_then_hits(env):

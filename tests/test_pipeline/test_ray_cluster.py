@@ -305,3 +305,29 @@ def test_batch_on_the_cluster_survives_a_dead_node(cluster, tmp_path, monkeypatc
                 assert not (item / manifest.NAME).exists(), f"{item} looks like a finished entry"
             else:
                 assert manifest.is_complete(item), f"{item} is a half entry"
+
+
+def test_real_stages_run_as_ray_tasks(cluster, tiny_llama, tmp_path, monkeypatch):
+    """The real stages, not fakes, as Ray tasks on the cluster: the tiny model (RTN) for an NPU and a hybrid
+    target shares one quantize and one export job; both packages come back valid, with the cache that every
+    node sees (RAIPACK_CACHE) holding one complete entry per job."""
+    from pipeline.batch.run import exit_code, run_batch
+
+    if "worker" not in cluster.nodes:
+        cluster.start_worker()
+    monkeypatch.chdir(tmp_path)
+    cache_root = tmp_path / "cache"
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(f'output = "zoo"\nprofiles = ["1.8.0-npu-4K", "1.8.0-hybrid"]\n[[models]]\nname = "tiny"\npath = "{tiny_llama}"\n'
+                      '[recipe.quantize]\nalgorithm = "rtn"\nquality = false\n[recipe.smoke]\nmax_tier = 256\n')
+    lines: list[str] = []
+    doc = run_batch(matrix, executor="ray", address=cluster.address, cache_root=cache_root, line=lines.append, warn=lines.append,
+                    make=lambda kind, jobs, address, root, warn, memory_free: connected(cluster, 2, root))  # the RayExecutor, once both nodes are up
+    assert exit_code(doc) == 0, [e["error"] for e in doc["entries"]]
+    assert doc["jobs"] == {"quantize": 1, "export": 1, "fuse": 2, "smoke": 2}, doc["jobs"]
+    for e in doc["entries"]:
+        assert e["status"] == "built" and not validate(Path(e["package"])).failed(), e
+        assert manifest.read(Path(e["package"]))["target_profile"] == e["profile"]
+    for stage in ("quantize", "export", "fuse"):
+        entries = [p for p in (cache_root / "stages" / stage).iterdir() if not p.name.startswith(".")]
+        assert entries and all(manifest.is_complete(p) for p in entries), stage

@@ -60,6 +60,7 @@ class Session:
         self.manager = local_tasks.task_manager(req.tasks, include_copy)
 
     def run(self, target: Target, lm=None) -> dict:
+        from jinja2.exceptions import SecurityError
         from lm_eval import simple_evaluate
 
         from pipeline.evaluation.backends import open_backend
@@ -71,11 +72,14 @@ class Session:
             if lm is None:
                 lm = RaipackLM(open_backend(target), load_tokenizer(target.path))
             try:
-                results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
-                                          task_manager=self.manager, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
+                with local_tasks.sandboxed_templates():
+                        results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
+                                              task_manager=self.manager, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
             except RuntimeRefusal as exc:
                 raise RaipackError(f"{target.path} cannot serve a request of tasks {', '.join(self.req.tasks)}: {exc}",
                                    "lower --num-fewshot, or use a package with a longer prompt limit") from None
+            except SecurityError as exc:  # a template that reached for Python objects (sandboxed_templates)
+                raise UsageError(f"a template of tasks {', '.join(self.req.tasks)} is not allowed: {exc}", local_tasks.HINT) from None
             except (ValueError, KeyError, FileNotFoundError) as exc:  # a task file lm-eval cannot build, a data file it cannot read
                 raise UsageError(f"lm-eval cannot run tasks {', '.join(self.req.tasks)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                                  local_tasks.HINT) from None

@@ -122,6 +122,24 @@ def workspace(include_path: Path | None):
 
 
 @contextlib.contextmanager
+def sandboxed_templates():
+    """lm-eval renders a task's Jinja templates (doc_to_text, doc_to_choice, ...) with a plain jinja2 Environment
+    (`lm_eval.utils.env`), where a template can reach Python objects and run code. A task folder is input: its
+    templates are rendered in jinja2's immutable sandbox instead, with lm-eval's one filter."""
+    from jinja2 import BaseLoader, StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from lm_eval import utils
+
+    sandbox = ImmutableSandboxedEnvironment(loader=BaseLoader, undefined=StrictUndefined, keep_trailing_newline=True)
+    sandbox.filters["regex_replace"] = utils.regex_replace
+    saved, utils.env = utils.env, sandbox
+    try:
+        yield
+    finally:
+        utils.env = saved
+
+
+@contextlib.contextmanager
 def quiet(log: Path):
     """The libraries' output (progress bars, lm-eval's call of git) into `log`, at the descriptor level."""
     for stream in (sys.stdout, sys.stderr):

@@ -171,6 +171,7 @@ def _bad(tmp_path, tasks, yaml_text, name="bad.yaml"):
     ("bad-output-type", "bad.yaml: output_type is 'ranking'; expected one of"),
     ("python-function", "the tag !function utils.process would import Python code from the task folder"),
     ("data-outside", "dataset_kwargs.data_files.test '../x.jsonl' is not a file inside the task folder"),
+    ("template-code", "a template of tasks tiny_mc is not allowed"),  # rendered in jinja2's sandbox, not lm-eval's plain Environment
     ("not-a-target", "is none of the folders raipack eval runs"),
 ])
 def test_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, tasks, build_parts, case, expect):
@@ -178,7 +179,10 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, tasks, b
                  "bad-output-type": "task: t\ndataset_path: json\noutput_type: ranking\n",
                  "python-function": "task: t\ndataset_path: json\nprocess_docs: !function utils.process\n",
                  "data-outside": "task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: ../x.jsonl\n"}.get(case)
-    folder = _bad(tmp_path, tasks, yaml_text) if yaml_text else tasks
+    if case == "template-code":  # the real task with a doc_to_text that reaches os through a global and writes a file
+        yaml_text = (tasks / "mc.yaml").read_text().replace('doc_to_text: "{{q}}"', "doc_to_text: \"{{ cycler.__init__.__globals__.os.system('touch ' ~ q|length ~ '.pwned') }}\"")
+        assert yaml_text != (tasks / "mc.yaml").read_text()
+    folder = _bad(tmp_path, tasks, yaml_text, "mc.yaml" if case == "template-code" else "bad.yaml") if yaml_text else tasks
     (tmp_path / "x.jsonl").write_text("{}\n")
     target = tmp_path if case == "not-a-target" else build_parts[1]
     out = tmp_path / "out.json"
@@ -186,7 +190,7 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, tasks, b
     assert res.exit_code == 2, res.stderr
     assert expect in res.stderr
     assert res.stderr.count("ERROR:") == 1 and "Traceback" not in res.stderr and res.output == ""
-    assert not out.exists()
+    assert not out.exists() and not list(tmp_path.rglob("*.pwned")) and not list(Path.cwd().glob("*.pwned"))
 
 
 def _fake_build(tmp_path: Path, build_parts, source: Path) -> Path:

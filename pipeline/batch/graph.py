@@ -37,6 +37,7 @@ class Task:
     handle: object = None
     result: dict | None = None
     error: str | None = None
+    hint: str = ""  # what to do about the error (a RaipackError's hint)
     seconds: float = 0.0
 
 
@@ -49,6 +50,7 @@ class EntryRun:
     results: list[runner.StageResult] = field(default_factory=list)
     status: str = "running"
     error: str | None = None
+    hint: str = ""
     package: str | None = None
     started: float = field(default_factory=time.perf_counter)
 
@@ -60,7 +62,7 @@ class EntryRun:
     def summary(self) -> dict:
         e = self.entry
         return {"entry": e.id, "model": e.model, "profile": e.profile, "overrides": e.overrides, "status": self.status,
-                "package": self.package, "error": self.error, "stages": self.stages}
+                "package": self.package, "error": self.error, "hint": self.hint, "stages": self.stages}
 
 
 class Batch:
@@ -130,7 +132,7 @@ class Batch:
             task.result = self.executor.result(task.handle)
             task.seconds = task.result.get("seconds", 0.0)
         except RaipackError as exc:
-            task.error = str(exc)
+            task.error, task.hint = str(exc), exc.hint or ""
         except Exception as exc:  # a crash outside the stage's own sentence (pipeline/build/crash.py makes those)
             task.error = f"{type(exc).__name__}: {exc}"
         self.on_job(task)
@@ -139,7 +141,7 @@ class Batch:
 
     def _deliver(self, run: EntryRun, task: Task) -> None:
         if task.error is not None:
-            self._fail(run, task.stage, task.error)
+            self._fail(run, task.stage, task.error, task.hint)
             return
         res = task.result
         first = task.entries[0] == run.entry.id
@@ -151,8 +153,8 @@ class Batch:
         run.todo.remove(task.stage)
         self._advance(run)
 
-    def _fail(self, run: EntryRun, stage: str, error: str) -> None:
-        run.status, run.error = "failed", f"{stage}: {error}"
+    def _fail(self, run: EntryRun, stage: str, error: str, hint: str = "") -> None:
+        run.status, run.error, run.hint = "failed", f"{stage}: {error}", hint
         for rec in run.stages:
             if rec["stage"] == stage:
                 rec["status"] = "failed"
@@ -164,7 +166,7 @@ class Batch:
             Path(recipe.output).mkdir(parents=True, exist_ok=True)
             package, _ = runner.assemble_package(recipe, profiles.get(recipe.profile), run.results, run.outputs, run.started, self.root, warn=self.warn)
         except (RaipackError, OSError) as exc:
-            self._fail(run, "assemble", str(exc))
+            self._fail(run, "assemble", str(exc), getattr(exc, "hint", "") or "")
             return
         for r in run.results:
             runner.link_stage_output(Path(recipe.output), package.name, r.name, Path(r.path))

@@ -14,7 +14,7 @@ def job_line(task) -> str:
     status = "failed" if task.error is not None else task.result["status"]
     shared = f" (+{len(task.entries) - 1} {'entry' if len(task.entries) == 2 else 'entries'})" if len(task.entries) > 1 else ""
     line = f"{task.stage:<9} {task.entries[0]}{shared}  {status}  {task.seconds:.1f} s"
-    return line + (f": {task.error}" if task.error else "")
+    return line + (f": {task.error}" if task.error else "") + (f"\n  hint: {task.hint}" if task.error and task.hint else "")
 
 
 def table(entries: list[dict], counts: dict[str, int], model_packages: dict | None = None) -> str:
@@ -48,7 +48,7 @@ def to_junit(doc: dict) -> str:
         seconds = sum(s.get("seconds") or 0 for s in e["stages"])
         case = ET.SubElement(suite, "testcase", classname=f"raipack.batch.{e['model']}", name=e["entry"], time=f"{seconds:.2f}")
         if e["status"] == "failed":
-            ET.SubElement(case, "failure", message=e["error"] or "failed").text = e["error"]
+            ET.SubElement(case, "failure", message=e["error"] or "failed").text = e["error"] + (f"\nhint: {e['hint']}" if e.get("hint") else "")
         elif e["status"] == "skipped":
             ET.SubElement(case, "skipped", message=e["error"] or "skipped")
         else:

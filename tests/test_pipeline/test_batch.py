@@ -161,6 +161,8 @@ def test_a_failed_job_fails_its_dependants_only(batch_env):
                                                              "a@1.8.0-npu-4K+good": "built", "a@1.8.0-npu-4K+bad": "failed"}
     bad = by_id["a@1.8.0-npu-16K+bad"]
     assert bad["error"].startswith("fuse: stage fuse wrote an output that fails its checks") and bad["package"] is None
+    assert bad["hint"] and by_id["a@1.8.0-npu-16K+good"]["hint"] == ""  # the stage's hint travels with its sentence
+    assert any("\n  hint: " in line for line in lines)  # under the failed job's line
     assert [s["status"] for s in bad["stages"]] == ["cached", "built", "failed", "skipped"] or \
         [s["status"] for s in bad["stages"]][-2:] == ["failed", "skipped"]
     assert Path(by_id["a@1.8.0-npu-16K+good"]["package"]).parent == batch_env / "zoo" / "good"
@@ -243,6 +245,7 @@ def test_the_command_writes_junit_and_json_and_exits_1_on_a_failed_entry(batch_e
     cases = ET.parse(batch_env / "r.xml").getroot().findall("testcase")
     assert [c.get("name") for c in cases] == ["a@1.8.0-npu-16K+good", "a@1.8.0-npu-16K+bad"]
     assert cases[0].find("failure") is None and "fails its checks" in cases[1].find("failure").get("message")
+    assert "\nhint: " in cases[1].find("failure").text
     res = CliRunner().invoke(cli, ["batch", str(matrix), "--format", "json"])
     doc = json.loads(res.stdout)
     assert res.exit_code == 1 and [e["status"] for e in doc["entries"]] == ["cached", "failed"]

@@ -41,3 +41,13 @@ def open_in_chromium(page: Path, out: Path) -> tuple[Path, str, list[str]]:
                          capture_output=True, text=True, timeout=60, cwd=out)
     assert run.returncode == 0, run.stderr[-2000:]
     return shot, run.stdout, [x for x in run.stderr.splitlines() if ":CONSOLE" in x]
+
+
+def run_cli(capsys, *args):
+    """`raipack ARGS` in this process: (exit code, stdout, stderr)."""
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(list(map(str, args)))
+    out, err = capsys.readouterr()
+    return info.value.code, out, err

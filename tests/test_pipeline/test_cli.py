@@ -10,18 +10,13 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from helpers import edit_json, ryzen
-from pipeline.cli import main
+from helpers import edit_json, run_cli, ryzen
 from pipeline.core import schemas
 
 P16 = "1.8.0-npu-16K"
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as info:
-        main(list(map(str, args)))
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+run = run_cli  # tests/helpers.py
 
 
 def broken(make_pkg):

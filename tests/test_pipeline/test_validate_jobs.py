@@ -13,19 +13,14 @@ from pathlib import Path
 import pytest
 
 from factory import make_package
-from helpers import edit_json, ryzen
-from pipeline.cli import main
+from helpers import edit_json, run_cli, ryzen
 from pipeline.validate import expand, validate_all
 
 P16 = "1.8.0-npu-16K"
 P4 = "1.8.0-npu-4K"
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as info:
-        main(list(map(str, args)))
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+run = run_cli  # tests/helpers.py
 
 
 @pytest.fixture(scope="module")

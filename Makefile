@@ -62,16 +62,16 @@ test:
 	@$(MAKE) --no-print-directory -j3 $(STAMP) $(LIGHT)/.installed chromium
 	@mkdir -p $(SLOWLOG) && rm -f $(SLOWLOG)/slow.log $(SLOWLOG)/slow.rc
 	@echo "raipack: the slow tests run beside the fast ones; their output follows (also in $(SLOWLOG)/slow.log)"
-	@( OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -m slow -rP --durations=5 -p no:cacheprovider $(GUARD)$(SLOW_LIMIT) > $(SLOWLOG)/slow.log 2>&1; echo $$? > $(SLOWLOG)/slow.rc ) & \
-	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -m pytest -n $(JOBS) -m "not slow" --dist loadgroup --durations=10 --max-worker-restart 0 $(GUARD)$(TEST_LIMIT); fast=$$?; \
+	@( OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(PY) -P -m pytest -m slow -rP --durations=5 -p no:cacheprovider $(GUARD)$(SLOW_LIMIT) > $(SLOWLOG)/slow.log 2>&1; echo $$? > $(SLOWLOG)/slow.rc ) & \
+	RAIPACK_LIGHT_PYTHON=$(CURDIR)/$(LIGHT)/bin/python $(PY) -P -m pytest -n $(JOBS) -m "not slow" --dist loadgroup --durations=10 --max-worker-restart 0 $(GUARD)$(TEST_LIMIT); fast=$$?; \
 	wait; cat $(SLOWLOG)/slow.log; slow=$$(cat $(SLOWLOG)/slow.rc 2>/dev/null || echo 1); \
 	echo "raipack: fast tests exit $$fast, slow tests exit $$slow"; test $$fast -eq 0 && test $$slow -eq 0
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m "not slow" --dist loadgroup
+	$(PY) -P -m pytest -n $(JOBS) -m "not slow" --dist loadgroup
 
 lint: $(STAMP)
-	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tests/import_view.py
 	$(VENV)/bin/ruff check --no-cache
 
 bench: $(STAMP)

@@ -33,9 +33,9 @@ def build(tmp: Path) -> tuple[Path, dict]:
     removed afterwards. Returns (package folder, fuse report with `manifest_seconds` added)."""
     from fuse_speed import synthetic_export
 
-    from pipeline.core import manifest
-    from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
+    from raipack.core import manifest
+    from raipack.npu.profile import get as get_profile
+    from raipack.stages.fuse.reference import fuse
 
     export = synthetic_export(tmp / "export-8b", LLAMA_8B, sparse=True)
     write_json(export / "config.json", model_config(LLAMA_8B, with_quant=True))

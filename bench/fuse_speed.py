@@ -51,7 +51,7 @@ def synthetic_export(out: Path, s: Dims, seed: int = 0, sparse: bool = False) ->
     import onnx
     from onnx import TensorProto, helper
 
-    from stages.export.builder import CPU_FAITHFUL_OPTIONS
+    from raipack.stages.export.builder import CPU_FAITHFUL_OPTIONS
 
     accuracy_level = int(CPU_FAITHFUL_OPTIONS["accuracy_level"])  # what the export stage writes
     out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def _decoders(export: Path, pkg: Path, prompt: list[int]):
     import numpy as np
     import onnxruntime_genai as og
 
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.reference import ReferenceRuntime
 
     cfg = json.loads((export / "genai_config.json").read_text())
     cfg["model"]["decoder"]["session_options"]["intra_op_num_threads"] = THREADS
@@ -216,7 +216,7 @@ def _decoders(export: Path, pkg: Path, prompt: list[int]):
 def _fuse_row(label: str, export: Path, pkg: Path, profile: dict, report: dict, tmp: Path) -> dict:
     """Fuse against a plain copy of as many bytes as fuse writes, on the same disk, three times in
     turn (fuse, copy, fuse, copy, ...: both see the same machine load); the median of the pairs' ratios."""
-    from stages.fuse.reference import fuse
+    from raipack.stages.fuse.reference import fuse
 
     written, L = report["bytes_written"], report["lengths"]
     blob, dst = tmp / "copy-src.bin", tmp / "copy-dst.bin"
@@ -244,8 +244,8 @@ def _fuse_row(label: str, export: Path, pkg: Path, profile: dict, report: dict, 
 
 
 def rows(tmp: Path) -> list[dict]:
-    from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
+    from raipack.npu.profile import get as get_profile
+    from raipack.stages.fuse.reference import fuse
 
     out = []
     for label, shape in (("~1 GB Llama-shaped", llama_1gb()), ("tiny (hidden 256, 2 layers)", Dims(layers=2, heads=4, kv_heads=2, head_size=64, intermediate=512, vocab=512, context_length=16384))):

@@ -64,7 +64,7 @@ def _peak():
     with open(out, "w") as fh:
         fh.write(str(kib * 1024))
 atexit.register(_peak)
-from pipeline.cli import main
+from raipack.cli import main
 sys.argv[0] = "raipack"
 main()
 """
@@ -76,7 +76,7 @@ main()
 def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor of a Llama checkpoint with this config, in the order they are written
     (the linears as the quantize stage knows them: stages/quantize/preflight.py)."""
-    from stages.quantize.preflight import linear_shapes
+    from raipack.stages.quantize.preflight import linear_shapes
 
     h = cfg["hidden_size"]
     linears = {name: (fo, fi) for name, fi, fo in linear_shapes(cfg)}
@@ -122,7 +122,7 @@ def write_tokenizer(out: Path) -> dict:
     (the tokenizer only: no weights are read). Returns its special token ids."""
     from transformers import AutoTokenizer
 
-    from stages.source.gguf import example_model_gguf
+    from raipack.stages.source.gguf import example_model_gguf
 
     gguf = example_model_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -181,7 +181,7 @@ def stage_report(out_root: Path, stage: str) -> dict:
 def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, smoke_max_tier: int | None, on_row=None) -> list[dict]:
     """Each stage in a process of its own (`--until STAGE`; the earlier ones are cache hits);
     `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows)."""
-    from pipeline.build import stages
+    from raipack.builder import stages
 
     recipe = tmp / f"recipe-{algorithm}.toml"
     lines = [f'model = "{model}"', f'name = "{model.name}-{algorithm}"', f'output = "{out_root}"', "[quantize]", f'algorithm = "{algorithm}"']
@@ -227,10 +227,10 @@ def validate_row(pkg: Path, env: dict, repeat: int = 5) -> dict:
     `python -c "import onnx, jsonschema"` in the same interpreter, best of `repeat`, interleaved."""
     light = ROOT / ".venv-light" / "bin" / "python"
     py = str(light) if light.exists() else PY
-    check = subprocess.run([py, "-m", "pipeline.cli", "validate", str(pkg)], env=env, cwd=ROOT, capture_output=True, text=True)
+    check = subprocess.run([py, "-m", "raipack.cli", "validate", str(pkg)], env=env, cwd=ROOT, capture_output=True, text=True)
     best_v = best_i = float("inf")
     for _ in range(repeat):
-        for cmd, is_validate in (([py, "-m", "pipeline.cli", "validate", str(pkg)], True), ([py, "-c", "import onnx, jsonschema"], False)):
+        for cmd, is_validate in (([py, "-m", "raipack.cli", "validate", str(pkg)], True), ([py, "-c", "import onnx, jsonschema"], False)):
             t = time.perf_counter()
             subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             dt = time.perf_counter() - t
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_all(args, work)
     finally:
         if not args.keep:
-            from pipeline.build.cache import remove
+            from raipack.builder.cache import remove
 
             remove(work)  # cache entries are sealed read-only
 

@@ -25,14 +25,14 @@ sys.path.insert(0, sys.argv[4])
 # The same process settings the stage uses (allocator thresholds, threads): without them the bare
 # script is several times slower (docs/measurements/quantize.md), and the ratio is meant to show the
 # stage's own overhead, not the settings' gain.
-from stages.quantize.runtime import apply_runtime_settings
+from raipack.stages.quantize.runtime import apply_runtime_settings
 apply_runtime_settings()
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
 src, out, algo = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, sys.argv[4])
-from stages.quantize.calibration import DEFAULT_CALIBRATION, read_texts, tokenize_texts
+from raipack.stages.quantize.calibration import DEFAULT_CALIBRATION, read_texts, tokenize_texts
 tok = AutoTokenizer.from_pretrained(src)
 model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
 cfg = LLMTemplate.get("llama").get_config(scheme="uint4_wo_64", algorithm=None if algo == "rtn" else algo, kv_cache_scheme=None, exclude_layers=["lm_head"])
@@ -58,7 +58,7 @@ print(time.perf_counter() - t)
 STAGE_EXPORT = r"""
 import sys, time
 import onnxruntime_genai.models.builder  # imported before the clock starts, as on the bare side
-from stages.export.builder import export
+from raipack.stages.export.builder import export
 t = time.perf_counter()
 export(sys.argv[1], sys.argv[2])
 print(time.perf_counter() - t)
@@ -76,7 +76,7 @@ def timed(cmd, env=None) -> tuple[float, float]:
 
 
 def ppl(folder: Path) -> float:
-    code = ("import sys; from stages.quantize.quality import load_hf, perplexity; from pipeline.data import heldout_text;"
+    code = ("import sys; from raipack.stages.quantize.quality import load_hf, perplexity; from raipack.data import heldout_text;"
             "m, t = load_hf(sys.argv[1]); print(perplexity(m, t, heldout_text()))")
     return float(subprocess.run([PY, "-c", code, str(folder)], capture_output=True, text=True, check=True).stdout.split()[-1])
 

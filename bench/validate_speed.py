@@ -42,7 +42,7 @@ READS_PER_FILE = 2  # a config or plan may be read twice (parsed, and hashed aga
 READ_COUNTER = r"""
 import json, sys
 from pathlib import Path
-from pipeline.validate import validate
+from raipack.validate import validate
 
 def io():
     return {k: int(v) for k, v in (line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())}
@@ -97,7 +97,7 @@ def bytes_read(pkg: Path, warmup: Path) -> dict:
 
 def sizes(pkg: Path) -> dict:
     """Apparent bytes of the package's tensor files and of its other files, and how many of each."""
-    from pipeline.core.package import role_of
+    from raipack.core.package import role_of
 
     out = {"tensor_bytes": 0, "tensor_files": 0, "other_bytes": 0, "other_files": 0}
     for p in pkg.rglob("*"):
@@ -146,7 +146,7 @@ def openssl_rate(path: Path) -> float:
 
 
 def ours_rate(paths: list[Path], jobs: int) -> float:
-    from pipeline.core.hashing import sha256_many
+    from raipack.core.hashing import sha256_many
 
     t = time.perf_counter()
     sha256_many(paths, jobs)

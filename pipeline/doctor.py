@@ -15,9 +15,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline import machine
-from pipeline.core.errors import NothingToValidate, UsageError
-from pipeline.npu.settings import version_tuple
+from raipack import machine
+from raipack.core.errors import NothingToValidate, UsageError
+from raipack.npu.settings import version_tuple
 
 WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]|\\")  # a drive letter, or any backslash
 PATH_KEYS = ("filename", "external_data_file", "custom_ops_library", "dd_root", "dd_cache", "ep_context_file_path", "config_file", "path")
@@ -53,7 +53,7 @@ class Report:
 def environment(untrusted=()) -> tuple[dict, list[Problem]]:
     """What this machine has, and the problems it alone causes for any NPU package.
     `untrusted`: folders no provider library is loaded from (the package)."""
-    from stages.smoke.npu import EP_ENV, find_provider_library
+    from raipack.stages.smoke.npu import EP_ENV, find_provider_library
 
     genai, ort = machine.installed("onnxruntime_genai"), machine.installed("onnxruntime")
     release = machine.release_of(genai[1]) if genai else None
@@ -123,7 +123,7 @@ def _library_problems(env: dict, ep_env: str) -> list[Problem]:
 
 def open_package(path: Path):
     """(Context, why its profile) of the package at `path`; NothingToValidate (exit 3) if no package is there."""
-    from pipeline.validate import open_package as scan
+    from raipack.validate import open_package as scan
 
     try:
         return scan(Path(path))
@@ -133,7 +133,7 @@ def open_package(path: Path):
 
 def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
     """The package's facts and its problems on this machine (`opened`: what open_package returned)."""
-    from pipeline.checks import run_checks
+    from raipack.checks import run_checks
 
     ctx, reason = opened
     profile = ctx.profile
@@ -222,13 +222,13 @@ def doctor(package: Path | None = None) -> Report:
 
 
 def as_json(report: Report) -> str:
-    from pipeline.core.textsafe import safe_tree
+    from raipack.core.textsafe import safe_tree
 
     return json.dumps(safe_tree(report.to_dict()), indent=2)
 
 
 def as_text(report: Report) -> str:
-    from pipeline.core.textsafe import safe
+    from raipack.core.textsafe import safe
 
     env = report.environment
     genai, ort = env["onnxruntime_genai"], env["onnxruntime"]

@@ -30,8 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.data import load_data
-from stages.smoke.npu import LIBRARY
+from raipack.data import load_data
+from raipack.stages.smoke.npu import LIBRARY
 
 PROBE_TIMEOUT_S = 120
 LOAD_CODE = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('loaded')"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pipeline.checks import run_checks
-from pipeline.npu.dims import model_dims
-from pipeline.npu.layout import metastate_sets, tiers_present
-from pipeline.validate import open_package
+from raipack.checks import run_checks
+from raipack.npu.dims import model_dims
+from raipack.npu.layout import metastate_sets, tiers_present
+from raipack.validate import open_package
 
 
 def summary(path: Path, profile: str = "auto") -> dict:

@@ -21,18 +21,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import __version__
-from pipeline.checks import run_checks
-from pipeline.checks.manifest import manifest_files
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.core.hashing import sha256_file
-from pipeline.core.manifest import NAME as MANIFEST
-from pipeline.core.manifest import put as put_manifest
-from pipeline.core.output import atomic_write_bytes
-from pipeline.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json, role_of
-from pipeline.npu import profile as profiles
-from pipeline.npu.settings import pow2_ceil, pow2_floor, sdk_version
-from pipeline.validate import open_package
+from raipack import __version__
+from raipack.checks import run_checks
+from raipack.checks.manifest import manifest_files
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.hashing import sha256_file
+from raipack.core.manifest import NAME as MANIFEST
+from raipack.core.manifest import put as put_manifest
+from raipack.core.output import atomic_write_bytes
+from raipack.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json, role_of
+from raipack.npu import profile as profiles
+from raipack.npu.settings import pow2_ceil, pow2_floor, sdk_version
+from raipack.validate import open_package
 
 GENAI = "genai_config.json"
 RAI = "rai_config.json"
@@ -352,7 +352,7 @@ def _update_manifest(p: Plan, new: bytes, backup: Path, original: bytes) -> None
 
 def revalidate(p: Plan):
     """Validate the written package against the profile it was tuned under."""
-    from pipeline.core.findings import Result
+    from raipack.core.findings import Result
 
     ctx, _ = open_package(p.root, p.profile)
     ctx.sdk_version = p.sdk[0]

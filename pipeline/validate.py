@@ -6,12 +6,12 @@ import os
 import time
 from pathlib import Path
 
-from pipeline.checks import Context, run_checks
-from pipeline.core.errors import NothingToValidate, RaipackError, UsageError
-from pipeline.core.findings import Result
-from pipeline.core.package import Package, role_of
-from pipeline.modelpackage import check as model_package
-from pipeline.npu import profile as profiles
+from raipack.checks import Context, run_checks
+from raipack.core.errors import NothingToValidate, RaipackError, UsageError
+from raipack.core.findings import Result
+from raipack.core.package import Package, role_of
+from raipack.modelpackage import check as model_package
+from raipack.npu import profile as profiles
 
 MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
 

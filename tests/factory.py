@@ -30,9 +30,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.checks.consistency import sliding_layers
-from pipeline.npu.layout import weights_sibling
-from pipeline.npu.profile import get as get_profile
+from raipack.checks.consistency import sliding_layers
+from raipack.npu.layout import weights_sibling
+from raipack.npu.profile import get as get_profile
 from seed_models import FAMILIES
 
 QUARK_CONFIG = {
@@ -336,7 +336,7 @@ def write_manifest(pkg: Path, kind: str = "package", complete: bool = True, targ
     files = []
     for path in sorted(p for p in pkg.rglob("*") if p.is_file() and p.name != "manifest.json"):
         rel = path.relative_to(pkg).as_posix()
-        from pipeline.core.package import role_of
+        from raipack.core.package import role_of
 
         files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256(path), "role": role_of(rel)})
     write_json(pkg / "manifest.json", {
@@ -443,7 +443,7 @@ def reference_package(profile_id: str) -> Path:
 def model_package() -> Path:
     """An ONNX Runtime model package (pipeline/modelpackage) of the reference-4K package and the export it
     was fused from, assembled once per process beside the reference packages (read-only: copy it first)."""
-    from pipeline.modelpackage.assemble import assemble_model_package
+    from raipack.modelpackage.assemble import assemble_model_package
 
     out = _reference_build().parent / f"model-package-{os.getpid()}" / "Model.ortpackage"
     return assemble_model_package([reference_package("reference-4K")], out, export=reference_export()[0], name="Model")
@@ -502,9 +502,9 @@ def _build_locked(base: str) -> None:
 def build_reference_packages(out: Path, d: Dims = TINY) -> None:
     """out/quark (a Quark export of a random model), out/oga (its OGA export) and out/<profile id>
     for every reference profile, fused by the reference backend; a fuse finding is an error here."""
-    from pipeline.npu.profile import all_profiles
-    from stages.export.builder import export
-    from stages.fuse.reference import fuse
+    from raipack.npu.profile import all_profiles
+    from raipack.stages.export.builder import export
+    from raipack.stages.fuse.reference import fuse
 
     write_quark_export(out / "quark", d)
     export(out / "quark", out / "oga")

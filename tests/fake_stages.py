@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from factory import make_package
-from pipeline.build import stages as stage_mod
-from pipeline.core.stage import Stage
+from raipack.builder import stages as stage_mod
+from raipack.core.stage import Stage
 
 CALLS = Path(os.environ.get("RAIPACK_FAKE_CALLS", "/dev/null"))
 PHASES_ENV = "RAIPACK_FAKE_PHASES"
@@ -109,7 +109,7 @@ def install() -> None:
     """Use the fake stages in this process, and log (and slow down) the runner's
     final assemble and rename phases as described above."""
     stage_mod.get = FAKES.__getitem__
-    from pipeline.build import runner, swap
+    from raipack.builder import runner, swap
 
     pause = float(os.environ.get(PAUSE_ENV) or 0)
     real_assemble, real_replace, real_copytree = runner._assemble, swap.replace_dir, shutil.copytree
@@ -151,7 +151,7 @@ def use_in_test(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RAIPACK_FAKE_CALLS", str(tmp_path / "calls.txt"))
     monkeypatch.setattr(sys.modules[__name__], "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.build.stages.get", FAKES.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -45,7 +45,7 @@ def open_in_chromium(page: Path, out: Path) -> tuple[Path, str, list[str]]:
 
 def run_cli(capsys, *args):
     """`raipack ARGS` in this process: (exit code, stdout, stderr)."""
-    from pipeline.cli import main
+    from raipack.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(list(map(str, args)))

@@ -84,7 +84,7 @@ def reference_dir(tmp_path_factory):
 def reference_packages(reference_dir):
     """profile id -> the real fused package of every reference profile (read-only), built now: for
     tests that time a build and must not pay for this one inside it."""
-    from pipeline.npu.profile import all_profiles
+    from raipack.npu.profile import all_profiles
 
     return {pid: reference_package(pid) for pid, p in all_profiles().items() if p["target"] == "reference"}
 
@@ -120,7 +120,7 @@ def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 512, text: str | None =
         show_progress=False,
     )
     if text is None:
-        from pipeline.data import CALIBRATION_TEXT
+        from raipack.data import CALIBRATION_TEXT
 
         tok.train([str(CALIBRATION_TEXT)], trainer)
     else:
@@ -269,7 +269,7 @@ def tiny_quark(tmp_path_factory) -> TinyQuark:
 @pytest.fixture(scope="session")
 def oga_default(tiny_quark, tmp_path_factory):
     """(folder, report) of export() with the defaults: int4, cpu, Quark's exclusions kept float."""
-    from stages.export.builder import export
+    from raipack.stages.export.builder import export
 
     out = tmp_path_factory.mktemp("oga-default") / "oga"
     return out, export(tiny_quark.quark_dir, out)
@@ -278,7 +278,7 @@ def oga_default(tiny_quark, tmp_path_factory):
 @pytest.fixture(scope="session")
 def oga_quantized_head(tiny_quark, tmp_path_factory):
     """(folder, report) of export(keep_excluded_float=False): the builder's own lm_head quantization."""
-    from stages.export.builder import export
+    from raipack.stages.export.builder import export
 
     out = tmp_path_factory.mktemp("oga-qhead") / "oga"
     return out, export(tiny_quark.quark_dir, out, keep_excluded_float=False)

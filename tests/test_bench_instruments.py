@@ -17,7 +17,7 @@ import fuse_speed  # noqa: E402
 import validate_speed  # noqa: E402
 
 from factory import Dims, make_package  # noqa: E402
-from stages.export.builder import CPU_FAITHFUL_OPTIONS  # noqa: E402
+from raipack.stages.export.builder import CPU_FAITHFUL_OPTIONS  # noqa: E402
 
 SMALL = Dims(layers=2, heads=4, kv_heads=2, head_size=64, intermediate=512, vocab=4096, context_length=256)
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
-from pipeline.npu import profile as profiles
-from pipeline.validate import validate
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
+from raipack.npu import profile as profiles
+from raipack.validate import validate
 from seed_models import FAMILY_PACKAGES, make_tiny_model, tiny_config
 from shared_fixtures import TRAIN_TEXT
 
@@ -114,8 +114,8 @@ def prompt_ids(pkg: Path, n: int) -> list[int]:
 
 def matches_export(result, pkg: Path, prompt: list[int], new: int = 12):
     """(reference runtime tokens, export tokens, the runtime) for one prompt, the export chunked alike."""
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.runtime.reference import ReferenceRuntime
 
     rt = ReferenceRuntime(pkg, threads=2)
     want, _ = OrtDecoder(Path(stage(result, "export").path), threads=2).greedy(prompt, new, chunk_size=rt.chunk_size if rt.chunked else None)
@@ -148,7 +148,7 @@ def test_family_builds_validates_clean_and_matches_its_export(built, family, pro
 @pytest.mark.parametrize(("family", "profile_id"), by_family([(f, "1.8.0-npu-16K") for f in FAMILIES]))
 def test_prompt_across_a_chunk_boundary_matches_the_export(built, family, profile_id, tmp_path):
     """A copy tuned by `raipack tune --chunk-size 256`; a 300-token prompt is two prefill calls."""
-    from pipeline import tune
+    from raipack import tune
 
     result = built(family, profile_id)
     pkg = tmp_path / Path(result.package).name

@@ -411,7 +411,7 @@ def _alarm(signum, frame):
 
 def invoke(argv: list[str], cwd: Path, env: dict[str, str]):
     """Run the CLI in this process; return (exit code, output, escaped exception text)."""
-    from pipeline.cli import main
+    from raipack.cli import main
 
     old_cwd, old_env = os.getcwd(), dict(os.environ)  # stages tune the process environment (allocator, threads)
     out, err = io.StringIO(), io.StringIO()

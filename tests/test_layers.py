@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 import tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 CONTRACTS = PYPROJECT["tool"]["importlinter"]["contracts"]
-LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 WIDE = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}  # one contract, one line
 
 
 def lint_imports(folder: Path) -> subprocess.CompletedProcess:
-    """lint-imports run on `folder` (it imports the packages from its working folder); no cache written."""
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo", "pyproject.toml"], cwd=folder, env=WIDE,
+    """lint-imports run on the `raipack` package laid out from `folder`'s pipeline/ and stages/ (see
+    tests/import_view.py: import-linter walks one folder per root package); no cache written."""
+    return subprocess.run([sys.executable, str(HERE / "import_view.py"), str(folder)], env=WIDE,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -69,8 +70,10 @@ def _breaking_import(contract: dict) -> tuple[str, str]:
     pytest.fail(f"contract {contract['name']!r} is of type {kind!r}: add the import that breaks it to _breaking_import")
 
 
-def _source_file(root: Path, module: str) -> Path:
-    path = root.joinpath(*module.split("."))
+def _source_file(folders: dict[str, Path], module: str) -> Path:
+    """The file of `module` in the repo's layout (`folders`: package name -> its folder, longest first wins)."""
+    top = max((name for name in folders if module == name or module.startswith(name + ".")), key=len)
+    path = folders[top].joinpath(*module[len(top):].lstrip(".").split(".")) if module != top else folders[top]
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
@@ -80,10 +83,11 @@ def test_every_contract_bites(tmp_path):
     for name in ("pipeline", "stages"):
         shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)
+    folders = {"raipack": tmp_path / "pipeline", "raipack.stages": tmp_path / "stages"}
     added = {}
     for contract in CONTRACTS:
         importer, imported = _breaking_import(contract)
-        source = _source_file(tmp_path, importer)
+        source = _source_file(folders, importer)
         text = source.read_text()
         text += ("" if text.endswith("\n") or not text else "\n") + f"import {imported}\n"
         source.write_text(text)
@@ -123,16 +127,16 @@ def test_ruff_limits_a_function_size(tmp_path):
 
 def test_package_list_matches_the_folders():
     """setuptools ships exactly pyproject's list: a folder of modules left off it would be missing from
-    an installed raipack; a listed one that is gone breaks the install."""
+    an installed raipack; a listed one that is gone breaks the install. Every folder is named by the
+    package-dir mapping (pipeline/ is raipack, stages/ is raipack.stages, schemas/ is raipack.schemas)."""
     setup = PYPROJECT["tool"]["setuptools"]
     folders = {name: REPO / path for name, path in setup.get("package-dir", {}).items()}
+    assert set(folders) == {"raipack", "raipack.stages", "raipack.schemas"}, folders
     found = set()
-    for top in ("pipeline", "stages"):
-        for init in (REPO / top).rglob("__init__.py"):
-            found.add(".".join(init.parent.relative_to(REPO).parts))
     for name, path in folders.items():
         assert (path / "__init__.py").is_file(), f"{name} ({path}) has no __init__.py"
-        found.add(name)
+        for init in path.rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(path).parts)))
     missing_init = sorted(str(d.relative_to(REPO)) for top in ("pipeline", "stages") for d in (REPO / top).rglob("*")
                           if d.is_dir() and "__pycache__" not in d.parts and any(d.glob("*.py")) and not (d / "__init__.py").exists())
     assert missing_init == [], f"folders of modules without an __init__.py: {missing_init}"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
-from pipeline.npu import profile as profiles
-from pipeline.npu.genai import ryzenai_options
-from pipeline.validate import validate
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
+from raipack.npu import profile as profiles
+from raipack.npu.genai import ryzenai_options
+from raipack.validate import validate
 from seed_models import FAMILIES, PACKAGES, make_tiny_model
 from shared_fixtures import TRAIN_TEXT
 
@@ -110,8 +110,8 @@ def test_long_prompt_beyond_the_4k_rope_window_matches_the_export(built, name, t
     """Ryzen AI 1.8 caps prompts at 4096 tokens (rai_config.json); the 16K mechanics — chunked
     prefill over the 16K KV buffer, LongRoPE switching to its long factors past 4096 positions — are
     run beyond it on a copy whose cap is raised, against the export run the same way."""
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.runtime.reference import ReferenceRuntime
 
     result = built(name)
     pkg = tmp_path / name

@@ -8,7 +8,7 @@ which case the entry attaches to it. One model quantized the same way for two pr
 job (the quantize and export stages read no profile key: `profile_keys = ()` in their stage.py).
 
 A failed job fails the entries attached to it; their later stages are skipped; every other entry goes
-on. An entry whose chain is done is assembled into its package (pipeline/build/runner.py:
+on. An entry whose chain is done is assembled into its package (pipeline/builder/runner.py:
 assemble_package) by this process.
 """
 
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pipeline.batch.jobs import Executor, StageJob, job_key, run_stage_job
-from pipeline.batch.matrix import Entry
-from pipeline.batch.resources import estimate
-from pipeline.build import runner, stages
-from pipeline.core.errors import RaipackError
-from pipeline.npu import profile as profiles
+from raipack.batch.jobs import Executor, StageJob, job_key, run_stage_job
+from raipack.batch.matrix import Entry
+from raipack.batch.resources import estimate
+from raipack.builder import runner, stages
+from raipack.core.errors import RaipackError
+from raipack.npu import profile as profiles
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Batch:
             task.seconds = task.result.get("seconds", 0.0)
         except RaipackError as exc:
             task.error, task.hint = str(exc), exc.hint or ""
-        except Exception as exc:  # a crash outside the stage's own sentence (pipeline/build/crash.py makes those)
+        except Exception as exc:  # a crash outside the stage's own sentence (pipeline/builder/crash.py makes those)
             task.error = f"{type(exc).__name__}: {exc}"
         self.on_job(task)
         for entry_id in task.entries:

@@ -2,9 +2,9 @@
 `run_stage_job`, a plain top-level function over a JSON-safe dict (picklable for a process pool,
 serialisable for a Ray task).
 
-The stage runs with the runner's own code (pipeline/build/runner.py: run_stage), into the shared
+The stage runs with the runner's own code (pipeline/builder/runner.py: run_stage), into the shared
 content-addressed cache: a key already committed is a hit, and two workers building one key at once end
-with one entry (pipeline/build/cache.py: committing).
+with one entry (pipeline/builder/cache.py: committing).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from pipeline.build import cache, runner, stages, staging
-from pipeline.build.config import parse_config
-from pipeline.build.progress import Progress
-from pipeline.build.recipe import Recipe
-from pipeline.npu import profile as profiles
+from raipack.builder import cache, runner, stages, staging
+from raipack.builder.config import parse_config
+from raipack.builder.progress import Progress
+from raipack.builder.recipe import Recipe
+from raipack.npu import profile as profiles
 
 
 def default_resources() -> dict[str, int]:

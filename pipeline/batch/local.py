@@ -18,7 +18,7 @@ from concurrent import futures
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 GIB = 1 << 30
 

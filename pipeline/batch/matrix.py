@@ -1,18 +1,18 @@
 """A batch matrix (schemas/matrix.schema.json): models x target profiles x override sets, each combination
-one entry with its own recipe (pipeline/build/recipe.py), checked before anything runs."""
+one entry with its own recipe (pipeline/builder/recipe.py), checked before anything runs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.build import recipe as recipes
-from pipeline.build import stages
-from pipeline.build.config import parse_config
-from pipeline.build.inputs import check_model_dir
-from pipeline.core import schemas
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.npu import profile as profiles
+from raipack.builder import recipe as recipes
+from raipack.builder import stages
+from raipack.builder.config import parse_config
+from raipack.builder.inputs import check_model_dir
+from raipack.core import schemas
+from raipack.core.errors import RaipackError, UsageError
+from raipack.npu import profile as profiles
 
 HINT = "see `raipack schemas matrix`"
 
@@ -55,7 +55,7 @@ def load(path: Path) -> Matrix:
     for pid in doc["profiles"]:
         _profile(path, pid)
     output = base / doc.get("output", "zoo")
-    checked: dict = {}  # each model folder is checked once (pipeline/build/inputs.py), however many entries use it
+    checked: dict = {}  # each model folder is checked once (pipeline/builder/inputs.py), however many entries use it
     entries = [_entry(path, base, output, m, pid, doc.get("recipe", {}), s, many=len(sets) > 1, checked=checked)
                for m in doc["models"] for pid in doc["profiles"] for s in sets]
     return Matrix(path, entries, output, doc.get("jobs"), doc.get("executor"), doc.get("model_package", {}))

@@ -19,7 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError, UsageError
+from raipack.core.errors import RaipackError, UsageError
 
 CACHE_ENV = "RAIPACK_CACHE"
 CUSTOM = ("ryzenai_sdk", "npu")
@@ -35,7 +35,7 @@ class _Refused:
 
 class RayExecutor:
     """submit(fn, arg, resources) -> handle, wait(handles, timeout) -> (done, pending),
-    result(handle), shutdown(): the executor protocol of pipeline.batch over Ray."""
+    result(handle), shutdown(): the executor protocol of raipack.batch over Ray."""
 
     def __init__(self, address: str | None = None, *, cache_root: str | Path | None = None, max_retries: int = 3, num_cpus: int | None = None):
         ray = _import_ray()

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.batch.jobs import StageJob, default_resources
-from pipeline.build import stages
-from pipeline.build.config import parse_config
-from pipeline.data import load_data
+from raipack.batch.jobs import StageJob, default_resources
+from raipack.builder import stages
+from raipack.builder.config import parse_config
+from raipack.data import load_data
 
 
 def data() -> dict:
-    return load_data("data/resources.json", "pipeline.batch")
+    return load_data("data/resources.json", "raipack.batch")
 
 
 def estimate(job: StageJob) -> dict[str, int]:
@@ -38,7 +38,7 @@ def estimate(job: StageJob) -> dict[str, int]:
 def _quantize(cfg, config_json: dict | None, fallback: int) -> dict[str, int]:
     """The quantize estimate on the device it runs on: host memory on the CPU; on CUDA one GPU (the estimate is
     the GPU's), the host keeping the rule's allowance."""
-    from stages.quantize.memory import estimate as quantize_estimate
+    from raipack.stages.quantize.memory import estimate as quantize_estimate
 
     if getattr(cfg, "device", "cpu") == "cuda":
         return {"num_gpus": 1, "memory": fallback}
@@ -65,7 +65,7 @@ def _config_json(job: StageJob) -> dict | None:
 def _float32_bytes(config_json: dict | None) -> int:
     if config_json is None:
         return 0
-    from stages.quantize.memory import Shape
+    from raipack.stages.quantize.memory import Shape
 
     try:
         return 4 * Shape.from_config(config_json).params()

@@ -6,21 +6,21 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pipeline.batch import report
-from pipeline.batch.graph import Batch
-from pipeline.batch.matrix import load
-from pipeline.build import cache, staging
-from pipeline.core.errors import UsageError
+from raipack.batch import report
+from raipack.batch.graph import Batch
+from raipack.batch.matrix import load
+from raipack.builder import cache, staging
+from raipack.core.errors import UsageError
 
 
 def make_executor(kind: str, jobs: int, address: str | None, root: Path, warn: Callable[[str], None], memory_free=None):
     if kind == "ray":
-        from pipeline.batch.ray_executor import RayExecutor  # only now: ray is the cluster extra's
+        from raipack.batch.ray_executor import RayExecutor  # only now: ray is the cluster extra's
 
         return RayExecutor(address, cache_root=root)
     if address:
         raise UsageError("--address names a Ray cluster, but the executor is local", "add --executor ray, or drop --address")
-    from pipeline.batch.local import LocalExecutor
+    from raipack.batch.local import LocalExecutor
 
     return LocalExecutor(jobs, memory_free, warn=warn)
 
@@ -50,7 +50,7 @@ def run_batch(matrix_path: Path, *, executor: str | None = None, address: str | 
 def _model_packages(entries: list[dict], output: Path, root: Path):
     """H9's assembly (pipeline/modelpackage): one multi-variant ONNX Runtime model package per model,
     its CPU variant the export found in this batch's cache."""
-    from pipeline.modelpackage.assemble import assemble_model_packages
+    from raipack.modelpackage.assemble import assemble_model_packages
 
     by_model: dict[str, list[dict]] = {}
     for e in entries:

@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.runtime.prompts import defaults
+from raipack.core.errors import RaipackError, UsageError
+from raipack.runtime.prompts import defaults
 
 BACKENDS = ("reference", "oga", "npu")
 FORMAT, FORMAT_VERSION = "raipack-bench", 1
@@ -64,7 +64,7 @@ def parse_lengths(text: str) -> list[int]:
 
 def prompt_limit(package: Path) -> tuple[int, int, str]:
     """(the longest prompt the package takes, its maximum length, where the limit comes from)."""
-    from pipeline.validate import open_package
+    from raipack.validate import open_package
 
     ctx, _ = open_package(package)
     s, prof = ctx.settings, ctx.profile
@@ -95,8 +95,8 @@ def choose_lengths(asked: list[int] | None, gen: int, limit: int, max_length: in
 def find_export(package: Path, root: Path | None = None) -> tuple[Path | None, str]:
     """(the unfused export the package was fused from, "") through manifest.json's lineage and the
     build cache, or (None, one line saying why not)."""
-    from pipeline.build import cache, stages
-    from pipeline.core import manifest
+    from raipack.builder import cache, stages
+    from raipack.core import manifest
 
     doc = manifest.read(package)
     if doc is None:
@@ -115,7 +115,7 @@ def npu_ready(package: Path, export: Path | None) -> tuple[dict | None, str]:
     """(the npu child's environment, "") when the RyzenAI provider can be tried, else (None, why not)."""
     import importlib.util
 
-    from stages.smoke.npu import EP_ENV, find_provider_library, package_problem
+    from raipack.stages.smoke.npu import EP_ENV, find_provider_library, package_problem
 
     library, why = find_provider_library([package.resolve(), *([export.resolve()] if export else [])])
     if library is None:
@@ -153,8 +153,8 @@ def make_plan(package: Path, lengths: list[int] | None, gen: int, runs: int, war
 
 
 def _prompts(plan: Plan) -> None:
-    from pipeline.runtime.prompts import Tokens, prompt_ids, read_lines
-    from pipeline.runtime.trust import PackageFiles
+    from raipack.runtime.prompts import Tokens, prompt_ids, read_lines
+    from raipack.runtime.trust import PackageFiles
 
     files = PackageFiles(plan.package)
     tokens = Tokens(files.path("tokenizer.json", "raipack bench (the package's tokenizer)"))
@@ -168,13 +168,13 @@ def _prompts(plan: Plan) -> None:
 
 def run_child(job: dict, env: dict) -> dict:
     """One backend's measurements in a child process started from an empty folder."""
-    from pipeline.benchmark.child import RESULT
+    from raipack.benchmark.child import RESULT
 
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="raipack-bench-") as empty:
         try:
-            proc = subprocess.run([sys.executable, "-m", "pipeline.benchmark.child"], input=json.dumps(job), capture_output=True, text=True,
+            proc = subprocess.run([sys.executable, "-m", "raipack.benchmark.child"], input=json.dumps(job), capture_output=True, text=True,
                                   errors="replace", cwd=empty, env=env, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"error": f"it did not finish within {CHILD_TIMEOUT_S} s"}

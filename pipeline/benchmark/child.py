@@ -1,9 +1,9 @@
 """One backend's measurements, in a process of their own so its memory peak is its own.
 
-Started by pipeline/benchmark/__init__.py as `python -m pipeline.benchmark.child` from a fresh empty
+Started by pipeline/benchmark/__init__.py as `python -m raipack.benchmark.child` from a fresh empty
 folder (nothing is imported from the current folder), with the job as JSON on stdin; prints one
 line `raipack-bench-result {...}` on stdout. Every backend is driven by the same greedy loop
-(`pipeline.runtime.chat.timed_generate`: prefill timed apart from the decode steps), so the
+(`raipack.runtime.chat.timed_generate`: prefill timed apart from the decode steps), so the
 figures compare the runtimes, not two loops:
 - reference: raipack's reference runtime on the package (the CPU, the way the NPU runtime would);
 - oga: onnxruntime-genai on the unfused export (`Generator.append_tokens`, `get_logits`), or,
@@ -74,7 +74,7 @@ class OrtSteps:
     """prefill/step over raipack's plain onnxruntime loop (pipeline/runtime/ortloop.py)."""
 
     def __init__(self, folder: Path):
-        from pipeline.runtime.ortloop import OrtDecoder
+        from raipack.runtime.ortloop import OrtDecoder
 
         self.dec = OrtDecoder(folder)
         self.eos_token_ids: set[int] = set()
@@ -97,7 +97,7 @@ def open_backend(job: dict):
     if backend == "reference":
         import onnxruntime as ort
 
-        from pipeline.runtime.reference import ReferenceRuntime
+        from raipack.runtime.reference import ReferenceRuntime
 
         return ReferenceRuntime(folder), f"raipack reference runtime (onnxruntime {ort.__version__}, CPU)"
     try:
@@ -110,7 +110,7 @@ def open_backend(job: dict):
         return OrtSteps(folder), f"raipack ortloop (onnxruntime {ort.__version__}, CPU; onnxruntime-genai is not installed)"
     model = og.Model(str(folder))
     if backend == "npu":
-        from stages.smoke.npu import device_problem
+        from raipack.stages.smoke.npu import device_problem
 
         problem = device_problem(model)
         if problem:
@@ -120,7 +120,7 @@ def open_backend(job: dict):
 
 def measure(runtime, prompts: dict, gen: int, runs: int, warmup: int) -> list[dict]:
     """Per prompt length: the warm-up runs, then `runs` timed runs and the peak memory."""
-    from pipeline.runtime.chat import timed_generate
+    from raipack.runtime.chat import timed_generate
 
     rows, scoped = [], True
     for length, ids in prompts.items():
@@ -140,7 +140,7 @@ def main() -> None:
         rows = measure(runtime, job["prompts"], job["gen"], job["runs"], job["warmup"])
         out = {"ran_on": ran_on, "rows": rows}
     except Exception as exc:  # one sentence back to the parent, which says which backend failed
-        from pipeline.runtime.trust import first_line
+        from raipack.runtime.trust import first_line
 
         out = {"error": str(exc) if isinstance(exc, ValueError) and "\n" not in str(exc) else first_line(exc)}
     print(RESULT + json.dumps(out), flush=True)

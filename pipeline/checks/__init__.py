@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Iterable
 
-from pipeline.checks.base import REGISTRY, CheckSpec, Context, check
-from pipeline.core.findings import Finding
+from raipack.checks.base import REGISTRY, CheckSpec, Context, check
+from raipack.core.findings import Finding
 
 __all__ = ["REGISTRY", "CheckSpec", "Context", "check", "load_all", "run_checks"]
 

@@ -7,10 +7,10 @@ so a profile without an entry gets no such advice.
 
 from __future__ import annotations
 
-from pipeline.checks.base import check
-from pipeline.npu.genai import known_options as known
-from pipeline.npu.settings import as_int, fit_to_chunk, minimum_version
-from pipeline.npu.settings import sdk_version as _sdk_version
+from raipack.checks.base import check
+from raipack.npu.genai import known_options as known
+from raipack.npu.settings import as_int, fit_to_chunk, minimum_version
+from raipack.npu.settings import sdk_version as _sdk_version
 
 GENAI = "genai_config.json"
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from pipeline.core.findings import Finding
-from pipeline.core.package import Package
-from pipeline.npu.genai import ryzenai_options
-from pipeline.npu.graph import load_graph
+from raipack.core.findings import Finding
+from raipack.core.package import Package
+from raipack.npu.genai import ryzenai_options
+from raipack.npu.graph import load_graph
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Context:
     @cached_property
     def settings(self):
         """The package's NPU settings (lengths, tiers, chunking, KV buffer) as its files give them."""
-        from pipeline.npu.settings import NpuSettings
+        from raipack.npu.settings import NpuSettings
 
         return NpuSettings.from_package(self.pkg, self.profile, genai=self.genai, rai_config=self.rai_config)
 

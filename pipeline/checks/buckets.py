@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipeline.checks.base import check
-from pipeline.npu.layout import PREFIX, is_inside, metastate_sets, tiers_present
-from pipeline.npu.settings import expected_tiers
+from raipack.checks.base import check
+from raipack.npu.layout import PREFIX, is_inside, metastate_sets, tiers_present
+from raipack.npu.settings import expected_tiers
 
 
 @check("RP601", "metastate-sets")

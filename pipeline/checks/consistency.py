@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from itertools import chain
 
-from pipeline.checks.base import check
-from pipeline.npu.dims import model_dims as _model_dims
-from pipeline.npu.dims import text_config
-from pipeline.npu.settings import as_count as _count
+from raipack.checks.base import check
+from raipack.npu.dims import model_dims as _model_dims
+from raipack.npu.dims import text_config
+from raipack.npu.settings import as_count as _count
 
 GENAI = "genai_config.json"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 
-from pipeline.checks.base import check
-from pipeline.core.package import SCAN
-from pipeline.npu.layout import is_inside
+from raipack.checks.base import check
+from raipack.core.package import SCAN
+from raipack.npu.layout import is_inside
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
 

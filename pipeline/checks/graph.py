@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pipeline.checks.base import check
-from pipeline.core import schemas
-from pipeline.npu import contract as contract
-from pipeline.npu.graph import GraphRefused
+from raipack.checks.base import check
+from raipack.core import schemas
+from raipack.npu import contract as contract
+from raipack.npu.graph import GraphRefused
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.ryzenai", "com.amd", "ai.raipack"}
 def _graph(ctx):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pipeline.checks.base import check
-from pipeline.core import schemas
-from pipeline.core.package import JsonError
+from raipack.checks.base import check
+from raipack.core import schemas
+from raipack.core.package import JsonError
 
 # file role → schema name (schemas/<name>.schema.json)
 SCHEMA_OF_ROLE = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from pipeline.checks.base import check
-from pipeline.core.hashing import sha256_many
+from raipack.checks.base import check
+from raipack.core.hashing import sha256_many
 
 MANIFEST = "manifest.json"
 
@@ -29,7 +29,7 @@ def manifest(ctx):
     recorded size, no path is listed twice, and no file of the package is
     missing from it. A folder without a complete manifest, or with raipack's
     `.raipack-incomplete` marker, is an unfinished build."""
-    from pipeline.core.manifest import INCOMPLETE
+    from raipack.core.manifest import INCOMPLETE
 
     if INCOMPLETE in ctx.pkg.files:
         yield ctx.finding(INCOMPLETE, "marks a folder raipack had not finished writing (the build was interrupted)", "run the build again; it picks up after the last complete stage")
@@ -60,8 +60,8 @@ def lfs_oids_from_git(ctx, paths) -> tuple[dict[str, str], list]:
     holds for `paths`, and findings for what could not be read. The index and
     objects are read as files (pipeline/core/gitread.py): git itself never runs in
     a package, so nothing its `.git/config` or hooks name can run."""
-    from pipeline.core.gitread import GitReadError, MissingObject, NotFollowed, Repo
-    from pipeline.core.package import LFS_MAX_SIZE, parse_lfs_pointer
+    from raipack.core.gitread import GitReadError, MissingObject, NotFollowed, Repo
+    from raipack.core.package import LFS_MAX_SIZE, parse_lfs_pointer
 
     if not os.path.lexists(ctx.pkg.root / ".git"):
         return {}, []

@@ -17,18 +17,18 @@ import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.checks.base import check
-from pipeline.core.package import JSON_MAX_BYTES, ReadError
-from pipeline.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
-from pipeline.npu.layout import TIERED, metastate_sets, weights_sibling
-from pipeline.npu.settings import expected_tiers, pow2_ceil, pow2_floor, tierless
+from raipack.checks.base import check
+from raipack.core.package import JSON_MAX_BYTES, ReadError
+from raipack.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
+from raipack.npu.layout import TIERED, metastate_sets, weights_sibling
+from raipack.npu.settings import expected_tiers, pow2_ceil, pow2_floor, tierless
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
 
 
 def _formats():
-    from pipeline.npu import formats
+    from raipack.npu import formats
 
     return formats
 
@@ -41,7 +41,7 @@ def _header_rel(ctx) -> str:
 
 def _raipack_claim(ctx) -> str | None:
     """Why this package must have a raipack header (None when nothing says raipack built it)."""
-    from pipeline.npu.profile import built_by_raipack
+    from raipack.npu.profile import built_by_raipack
 
     found = built_by_raipack(ctx.pkg)
     if found is not None:
@@ -198,7 +198,7 @@ def fused_graph(ctx):
     model = _graph_model(ctx)
     if doc is None or model is None:
         return
-    from pipeline.core import onnxproto as helper  # onnx's messages without onnx's import
+    from raipack.core import onnxproto as helper  # onnx's messages without onnx's import
 
     grel = ctx.graph_rel
     fmt = _formats()
@@ -296,7 +296,7 @@ def _schema_errors(name: str, sha: str, doc: dict) -> list:
     key = (name, sha)
     errs = _SCHEMA_ERRORS.get(key)
     if errs is None:
-        from pipeline.core import schemas
+        from raipack.core import schemas
 
         errs = schemas.errors(name, doc)
         if len(_SCHEMA_ERRORS) >= 1024:
@@ -404,7 +404,7 @@ def metastate_plans(ctx):
 
 
 def _plans():
-    from pipeline.npu import plans
+    from raipack.npu import plans
 
     return plans
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pipeline.checks.base import check
-from pipeline.npu.genai import known_options as known
-from pipeline.npu.genai import provider_names
-from pipeline.npu.layout import weights_sibling
-from pipeline.npu.settings import is_power_of_two
+from raipack.checks.base import check
+from raipack.npu.genai import known_options as known
+from raipack.npu.genai import provider_names
+from raipack.npu.layout import weights_sibling
+from raipack.npu.settings import is_power_of_two
 
 GENAI = "genai_config.json"
 

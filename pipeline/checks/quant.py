@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.checks.base import check
-from pipeline.npu.quark_config import layer_weight_spec
+from raipack.checks.base import check
+from raipack.npu.quark_config import layer_weight_spec
 
 HINT = "re-quantize with Quark: --quant_scheme uint4_wo_128 --quant_algo awq (pack_method reorder, real_quantized export)"
 

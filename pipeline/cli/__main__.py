@@ -1,5 +1,5 @@
-"""`python -m pipeline.cli` is `raipack`."""
+"""`python -m raipack.cli` is `raipack`."""
 
-from pipeline.cli import main
+from raipack.cli import main
 
 main()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
-from pipeline.core.env import OFFLINE, THREADS
+from raipack.cli.main import cli
+from raipack.core.env import OFFLINE, THREADS
 
 
 @cli.command()
@@ -26,9 +26,9 @@ def batch(matrix, executor, address, jobs, fmt, output):
     os.environ.update(OFFLINE)
     for key, value in THREADS.items():
         os.environ.setdefault(key, value)
-    from pipeline.batch import report
-    from pipeline.batch.run import exit_code, run_batch
-    from pipeline.core.output import atomic_write_text
+    from raipack.batch import report
+    from raipack.batch.run import exit_code, run_batch
+    from raipack.core.output import atomic_write_text
 
     def line(text: str) -> None:
         click.echo(text, err=True)

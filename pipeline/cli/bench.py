@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
+from raipack.cli.main import cli
 
 
 @cli.command("bench")
@@ -35,9 +35,9 @@ def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, 
          whole number or is above the package's prompt limit, a bad option
       3  the folder holds no model package
     """
-    from pipeline.benchmark import bench, make_plan, parse_lengths
-    from pipeline.benchmark.render import as_csv, as_json, as_text
-    from pipeline.core.output import atomic_write_text
+    from raipack.benchmark import bench, make_plan, parse_lengths
+    from raipack.benchmark.render import as_csv, as_json, as_text
+    from raipack.core.output import atomic_write_text
 
     asked = parse_lengths(lengths) if lengths is not None else None
     plan = make_plan(package, asked, gen_tokens, runs, warmup, backend, export)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
-from pipeline.core.env import OFFLINE, THREADS
-from pipeline.core.errors import RaipackError, UsageError
+from raipack.cli.main import cli
+from raipack.core.env import OFFLINE, THREADS
+from raipack.core.errors import RaipackError, UsageError
 
 
 @cli.command()
@@ -56,11 +56,11 @@ def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=Fal
     for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
         os.environ.setdefault(key, value)
 
-    from pipeline.build import handover, stages
-    from pipeline.build.progress import Progress
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
-    from pipeline.npu import profile as profiles
+    from raipack.builder import handover, stages
+    from raipack.builder.progress import Progress
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
+    from raipack.npu import profile as profiles
 
     progress = Progress(mode, verbose=verbose)
     carried = handover.read(inputs_dir) if inputs_dir is not None else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli.main import cli
-from pipeline.core.errors import UsageError
+from raipack.cli.main import cli
+from raipack.core.errors import UsageError
 
 
 @cli.group()
@@ -16,7 +16,7 @@ def cache():
 @cache.command("ls")
 def cache_ls():
     """List cached stage outputs."""
-    from pipeline.build import cache as c
+    from raipack.builder import cache as c
 
     rows = c.entries()
     click.echo(f"cache: {c.cache_root()}")
@@ -31,12 +31,12 @@ def cache_ls():
 @click.option("--stale", is_flag=True, help="Remove only the staging folders of builds that are gone (killed); keep every output and running builds.")
 def cache_clear(stage, stale):
     """Remove cached outputs (of one stage, or all)."""
-    from pipeline.build import cache as c
+    from raipack.builder import cache as c
 
     if stale:
         if stage:
             raise UsageError("cache clear --stale takes no STAGE: it sweeps the whole cache", "run `raipack cache clear --stale`, or `raipack cache clear STAGE` to remove that stage's outputs")
-        from pipeline.build.staging import sweep_cache
+        from raipack.builder.staging import sweep_cache
 
         gone = sweep_cache(c.cache_root())
         click.echo(f"removed {len(gone)} staging folder{'s' if len(gone) != 1 else ''} of killed builds from {c.cache_root()}")

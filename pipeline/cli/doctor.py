@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
+from raipack.cli.main import cli
 
 
 @cli.command()
@@ -17,8 +17,8 @@ def doctor(package, fmt):
     """Say whether this machine can run PACKAGE on the NPU (or any NPU package), and what to fix.
 
     Exit codes: 0 ready to run here, 1 will not run here, 3 no package at PACKAGE."""
-    from pipeline.doctor import as_json, as_text
-    from pipeline.doctor import doctor as run_doctor
+    from raipack.doctor import as_json, as_text
+    from raipack.doctor import doctor as run_doctor
 
     report = run_doctor(package)
     click.echo(as_json(report) if fmt == "json" else as_text(report), nl=fmt == "json")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
+from raipack.cli.main import cli
 
 
 @cli.command("eval")
@@ -37,13 +37,13 @@ def eval_cmd(target, tasks, limit, num_fewshot, include_path, chain, output):
          format, a TARGET that is none of the kinds, a bad option;
          nothing is written
     """
-    from pipeline.core.output import atomic_write_text
-    from pipeline.evaluation.run import Request, check_output, evaluate, parse_tasks, table
+    from raipack.core.output import atomic_write_text
+    from raipack.evaluation.run import Request, check_output, evaluate, parse_tasks, table
 
     req = Request(parse_tasks(tasks), limit, num_fewshot, include_path)
     check_output(output)
     if chain:
-        from pipeline.evaluation.chain import chain_table, run_chain, stage_outputs
+        from raipack.evaluation.chain import chain_table, run_chain, stage_outputs
 
         doc = run_chain(stage_outputs(target), req)
         text = chain_table(doc)

@@ -6,15 +6,15 @@ import json
 
 import click
 
-from pipeline.cli.main import cli
-from pipeline.core.errors import UsageError
+from raipack.cli.main import cli
+from raipack.core.errors import UsageError
 
 
 @cli.command()
 @click.argument("name", required=False)
 def schemas(name):
     """List the JSON Schemas, or print one."""
-    from pipeline.core import schemas as s
+    from raipack.core import schemas as s
 
     if name is None:
         for n in s.names():
@@ -30,7 +30,7 @@ def schemas(name):
 @click.argument("ids", nargs=-1)
 def checks(ids):
     """List the checks with their ids, severities and docs."""
-    from pipeline.checks import load_all
+    from raipack.checks import load_all
 
     specs = [s for s in load_all().values() if not ids or any(s.id.startswith(i) or s.name == i for i in ids)]
     if ids and not specs:
@@ -45,7 +45,7 @@ def checks(ids):
 @click.argument("profile_id", required=False)
 def profiles(profile_id):
     """List the profiles (package generations), or print one."""
-    from pipeline.npu import profile as p
+    from raipack.npu import profile as p
 
     if profile_id:
         click.echo(json.dumps(p.get(profile_id), indent=2))

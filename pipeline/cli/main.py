@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from pipeline import __version__
-from pipeline.core.errors import RaipackError
+from raipack import __version__
+from raipack.core.errors import RaipackError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,7 +22,7 @@ def cli():
 
 
 def error(exc: RaipackError):
-    from pipeline.core.textsafe import safe
+    from raipack.core.textsafe import safe
 
     click.echo(f"ERROR: {safe(str(exc), 2000)}", err=True)
     if exc.hint:

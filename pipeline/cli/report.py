@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
+from raipack.cli.main import cli
 
 
 @cli.command()
@@ -18,7 +18,7 @@ def report(path, output, bench, evaluation):
     """Write one self-contained HTML page about a package: build timeline, quality, speed, tiers, findings.
 
     Exit codes: 0 written (whatever the findings), 2 bad input or option, 3 PATH holds no package."""
-    from pipeline.report.page import write_report
+    from raipack.report.page import write_report
 
     written = write_report(path, output, bench, evaluation)
     click.echo(f"wrote {written}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
+from raipack.cli.main import cli
 
 
 @cli.command("run")
@@ -33,7 +33,7 @@ def run_cmd(package, prompt, max_new_tokens, raw, threads, sdk_version):
       2  usage error: PACKAGE is not a folder, the prompt is not UTF-8 text,
          a bad option
     """
-    from pipeline.runtime.run import answer
+    from raipack.runtime.run import answer
 
     out = answer(package, prompt, max_new_tokens, raw, threads, sdk_version)
     for note in out.notes:

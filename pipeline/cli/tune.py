@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli
-from pipeline.core.output import use_color
+from raipack.cli.main import cli
+from raipack.core.output import use_color
 
 
 @cli.command()
@@ -21,8 +21,8 @@ from pipeline.core.output import use_color
 @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
 def tune(package, max_length, max_prompt, chunk_size, sdk_version, profile, dry_run):
     """Change a package's length settings in genai_config.json, consistently and safely."""
-    from pipeline.reporters import REPORTERS
-    from pipeline.tune import apply, plan, revalidate
+    from raipack.reporters import REPORTERS
+    from raipack.tune import apply, plan, revalidate
 
     p = plan(package, max_length, max_prompt, chunk_size, sdk_version, profile)
     click.echo(f"Ryzen AI {p.sdk[0]} ({p.sdk[1]})")

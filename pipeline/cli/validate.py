@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.main import cli, error
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.core.output import atomic_write_text, use_color
+from raipack.cli.main import cli, error
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.output import atomic_write_text, use_color
 
 
 def _ids(value: str | None) -> tuple[str, ...]:
@@ -34,8 +34,8 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
     """Check model package folders against their profile's schemas and rules.
 
     A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
-    from pipeline.reporters import REPORTERS
-    from pipeline.validate import validate_all
+    from raipack.reporters import REPORTERS
+    from raipack.validate import validate_all
 
     if address and executor != "ray":
         raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
@@ -68,7 +68,7 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
 
 def _ray_executor(address):
     """Imported only for --executor ray: the light install has no ray."""
-    from pipeline.batch.ray_executor import RayExecutor
+    from raipack.batch.ray_executor import RayExecutor
 
     return RayExecutor(address=address)
 
@@ -79,8 +79,8 @@ def _ray_executor(address):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(path, profile, as_json):
     """Summarise a package: profile, files, quantization, options, buckets, limits."""
-    from pipeline.core.textsafe import safe_tree
-    from pipeline.summary import render, summary
+    from raipack.core.textsafe import safe_tree
+    from raipack.summary import render, summary
 
     data = summary(path, profile)
     if as_json:

@@ -7,10 +7,10 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline import __version__
-from pipeline.core.hashing import sha256_many
-from pipeline.core.output import atomic_write_text
-from pipeline.core.package import role_of
+from raipack import __version__
+from raipack.core.hashing import sha256_many
+from raipack.core.output import atomic_write_text
+from raipack.core.package import role_of
 
 NAME = "manifest.json"
 INCOMPLETE = ".raipack-incomplete"  # present while raipack is still writing a folder

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from google.protobuf.message import DecodeError
 
-from pipeline.data import load_data
+from raipack.data import load_data
 
 _PB2 = "onnx.onnx_ml_pb2"
 

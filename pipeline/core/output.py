@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 
 def use_color(stream) -> bool:
@@ -22,7 +22,7 @@ def output_folder(folder: Path) -> Iterator[Path]:
     """The folder a stage function writes into, and nothing else: created when missing, refused when
     not empty (nothing of a user's is ever replaced or deleted). If the body fails, what it wrote is
     removed again, and the folder too when this call created it. Staging, validating and swapping a
-    finished output into place is the build runner's alone (pipeline/build/runner.py, swap.py)."""
+    finished output into place is the build runner's alone (pipeline/builder/runner.py, swap.py)."""
     folder = Path(folder)
     created = not folder.exists() and not folder.is_symlink()
     if not created and (folder.is_symlink() or not folder.is_dir() or any(folder.iterdir())):

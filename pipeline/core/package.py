@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.core.findings import Finding
-from pipeline.data import load_data
+from raipack.core.findings import Finding
+from raipack.data import load_data
 
 LFS_MAGIC = b"version https://git-lfs.github.com/spec/"
 LFS_MAX_SIZE = 1024  # real pointers are ~130 bytes
@@ -353,7 +353,7 @@ def parse_json(text: str) -> tuple[object, list[DuplicateKey]]:
 
 def json_pointers(doc, targets: set[int]) -> dict[int, str]:
     """id() of each target object inside `doc` → its JSON pointer (RFC 6901)."""
-    from pipeline.core.schemas import pointer_of
+    from raipack.core.schemas import pointer_of
 
     found: dict[int, str] = {}
     stack = [(doc, "")]

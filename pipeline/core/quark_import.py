@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 EXTENSION = "quark_hw_emulation_stable_abi"  # quark/torch/kernel/hw_emulation/extensions.py
 TIMEOUT = 600.0  # seconds: compiling takes ~5 s of CPU; a loaded machine may take minutes

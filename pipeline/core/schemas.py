@@ -1,7 +1,7 @@
 """The JSON Schemas of raipack's artefacts, and their errors as sentences.
 
 The schemas live in the repo's top-level `schemas/` folder, shipped as the
-data package `raipack_schemas`. `errors(name, doc)` turns jsonschema's errors
+data package `raipack.schemas`. `errors(name, doc)` turns jsonschema's errors
 into (JSON pointer, one sentence) pairs such as
 `/search/max_length is "4096" (a string); expected an integer of at least 1`.
 A schema may give a keyword's expectation in plain words with `x-expected`.
@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.errors import RaipackError, UsageError
+from raipack.core.errors import RaipackError, UsageError
 
 try:
     import jsonschema_rs
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
     from referencing import Registry
 
-PACKAGE = "raipack_schemas"
+PACKAGE = "raipack.schemas"
 SUFFIX = ".schema.json"
 REPO_DIR = Path(__file__).resolve().parents[2] / "schemas"
 MAX_SHOWN = 60

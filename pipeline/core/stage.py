@@ -1,5 +1,5 @@
 """The stage contract: what a stage is (Stage) and what its run() gets (Job).
-The registry that finds stages is the build runner's (pipeline/build/stages.py)."""
+The registry that finds stages is the build runner's (pipeline/builder/stages.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ HELDOUT_TEXT = Path(__file__).resolve().with_name("heldout.txt")  # never used f
 
 
 @lru_cache(maxsize=None)
-def load_data(name: str, package: str = "pipeline.data"):
+def load_data(name: str, package: str = "raipack.data"):
     """Parse a JSON data file shipped inside `package`."""
     return json.loads(resources.files(package).joinpath(name).read_text("utf-8"))
 

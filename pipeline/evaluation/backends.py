@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 
 class TorchBackend:
@@ -70,7 +70,7 @@ class ExportBackend:
     """An onnxruntime-genai builder export through OrtDecoder (every position's logits in one call)."""
 
     def __init__(self, folder: Path):
-        from pipeline.runtime.ortloop import OrtDecoder
+        from raipack.runtime.ortloop import OrtDecoder
 
         self.decoder = OrtDecoder(folder)
         self.max_length = int(self.decoder.genai.get("search", {}).get("max_length") or self.decoder.context_length or 2048)
@@ -93,7 +93,7 @@ class PackageBackend:
     """A package on the reference runtime (see the module docstring for the NPU)."""
 
     def __init__(self, folder: Path, why_not_npu: str):
-        from pipeline.runtime.reference import ReferenceRuntime
+        from raipack.runtime.reference import ReferenceRuntime
 
         self.runtime = ReferenceRuntime(folder)
         self.max_length = self.runtime.max_length
@@ -114,7 +114,7 @@ class PackageBackend:
 
 def npu_problem(folder: Path) -> str:
     """Why the package is not run on the NPU here (the smoke stage's provider rules)."""
-    from stages.smoke.npu import find_provider_library
+    from raipack.stages.smoke.npu import find_provider_library
 
     lib, why = find_provider_library(untrusted=(folder,))
     if lib is None:
@@ -124,8 +124,8 @@ def npu_problem(folder: Path) -> str:
 
 def open_backend(target):
     """The backend for a Target (pipeline/evaluation/targets.py)."""
-    from pipeline.runtime.reference import RuntimeRefusal
-    from pipeline.runtime.trust import PackageError
+    from raipack.runtime.reference import RuntimeRefusal
+    from raipack.runtime.trust import PackageError
 
     try:
         if target.kind in ("source", "quark"):

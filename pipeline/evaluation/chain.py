@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.data import load_data
-from pipeline.evaluation.run import Request, session
-from pipeline.evaluation.targets import detect_target
+from raipack.core import manifest
+from raipack.core.errors import RaipackError, UsageError
+from raipack.data import load_data
+from raipack.evaluation.run import Request, session
+from raipack.evaluation.targets import detect_target
 
 
 class GateFailed(RaipackError):
@@ -160,7 +160,7 @@ def gate(req: Request, max_drop: float, outputs: dict[str, Path], keep: Path, pr
     results then kept as `keep`/eval.json), else the chain's document with the gate's verdict."""
     import json
 
-    from pipeline.core.output import atomic_write_text
+    from raipack.core.output import atomic_write_text
 
     doc = run_chain(in_order(outputs), req)
     problem = gate_problem(doc, max_drop)

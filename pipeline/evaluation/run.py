@@ -6,9 +6,9 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.evaluation import tasks as local_tasks
-from pipeline.evaluation.targets import Target, detect_target
+from raipack.core.errors import RaipackError, UsageError
+from raipack.evaluation import tasks as local_tasks
+from raipack.evaluation.targets import Target, detect_target
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's stderr of non-mean metrics (perplexities); its default 100000 takes seconds a task
 
@@ -63,10 +63,10 @@ class Session:
         from jinja2.exceptions import SecurityError
         from lm_eval import simple_evaluate
 
-        from pipeline.evaluation.backends import open_backend
-        from pipeline.evaluation.lm import RaipackLM
-        from pipeline.runtime.chat import load_tokenizer
-        from pipeline.runtime.reference import RuntimeRefusal
+        from raipack.evaluation.backends import open_backend
+        from raipack.evaluation.lm import RaipackLM
+        from raipack.runtime.chat import load_tokenizer
+        from raipack.runtime.reference import RuntimeRefusal
 
         with local_tasks.quiet(self.log):  # the libraries' progress bars and logs, loading included
             if lm is None:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.errors import UsageError
+from raipack.core.errors import UsageError
 
 KINDS = ("source", "quark", "export", "package")
 
@@ -27,8 +27,8 @@ def _config(folder: Path) -> dict:
 
 def _is_package(folder: Path) -> bool:
     """A raipack or AMD package: a profile of a package target (not an intermediate one) fits it."""
-    from pipeline.core.package import Package
-    from pipeline.npu.profile import detect
+    from raipack.core.package import Package
+    from raipack.npu.profile import detect
 
     found = detect(Package.scan(folder))
     return found is not None and found.profile.get("target") != "intermediate"

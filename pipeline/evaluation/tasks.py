@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.errors import UsageError
+from raipack.core.errors import UsageError
 
 HINT = "write lm-eval's task format (docs/eval.md: task, dataset_path json, dataset_kwargs.data_files, output_type, doc_to_text, ...)"
 
@@ -95,7 +95,7 @@ def check_folder(folder: Path) -> list[Path]:
 def workspace(include_path: Path | None):
     """A fresh folder raipack owns, and a copy of the task folder in it (yields both; the copy is None without one); lm-eval runs
     in the copy (else the fresh folder) as its working folder, offline, and its logging quiet."""
-    from pipeline.core.env import OFFLINE
+    from raipack.core.env import OFFLINE
 
     old_cwd, old_env = os.getcwd(), dict(os.environ)
     quiet = [logging.getLogger(n) for n in ("lm_eval", "lm-eval", "datasets")]

@@ -16,18 +16,18 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline import __version__
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError
-from pipeline.core.hashing import sha256_file
-from pipeline.core.output import atomic_write_text, output_folder
-from pipeline.core.package import role_of
-from pipeline.modelpackage import check, layout
+from raipack import __version__
+from raipack.core import manifest
+from raipack.core.errors import RaipackError
+from raipack.core.hashing import sha256_file
+from raipack.core.output import atomic_write_text, output_folder
+from raipack.core.package import role_of
+from raipack.modelpackage import check, layout
 
 
 def assemble_model_package(packages: list[Path], out: Path, *, export: Path | None = None, cache_root: Path | None = None, name: str | None = None) -> Path:
     """Write the model package `out` from raipack packages of one model; return `out`."""
-    from pipeline.build.swap import replace_dir
+    from raipack.builder.swap import replace_dir
 
     out = Path(out)
     sources = [(_variant_name(Path(p)), Path(p)) for p in packages]
@@ -63,7 +63,7 @@ def _variant_name(package: Path) -> str:
 
 def _exports(sources: list[tuple[str, Path]], export: Path | None, cache_root: Path | None) -> list[tuple[str, Path]]:
     """The CPU variant(s): `export`, else each package's export found through its lineage."""
-    from pipeline.benchmark import find_export
+    from raipack.benchmark import find_export
 
     found: list[Path] = [Path(export)] if export is not None else []
     for _, package in sources if export is None else ():
@@ -79,7 +79,7 @@ def _exports(sources: list[tuple[str, Path]], export: Path | None, cache_root: P
 def _add_variant(staging: Path, vname: str, src: Path) -> dict:
     """Copy one package into the variant folder `vname`, its tokenizer files into a shared asset; return
     its manifest entry (ep, device, compatibility_string)."""
-    from pipeline.build.runner import copy_tree
+    from raipack.builder.runner import copy_tree
 
     vdir = staging / vname
     copy_tree(src, vdir)

@@ -9,9 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.core import schemas
-from pipeline.core.findings import Finding, Result
-from pipeline.modelpackage import layout, resolve
+from raipack.core import schemas
+from raipack.core.findings import Finding, Result
+from raipack.modelpackage import layout, resolve
 
 PROFILE = "ort-model-package"
 
@@ -19,8 +19,8 @@ PROFILE = "ort-model-package"
 def is_model_package(path: Path) -> bool:
     """An ONNX Runtime model package as the profile ort-model-package detects it: manifest.json with
     components, and no genai_config.json beside it."""
-    from pipeline.core.package import Package
-    from pipeline.npu import profile as profiles
+    from raipack.core.package import Package
+    from raipack.npu import profile as profiles
 
     path = Path(path)
     if not path.is_dir() or not layout.looks_like_package(path):
@@ -148,8 +148,8 @@ def _references(root: Path, variant: layout.Variant, out: _Findings) -> None:
 
 def _variant(root: Path, variant: layout.Variant, out: _Findings, select, ignore, verify_hashes, jobs) -> Result | None:
     """The variant's own checks on the flat folder it resolves to; findings mapped back to package paths."""
-    from pipeline.core.errors import RaipackError
-    from pipeline.validate import validate
+    from raipack.core.errors import RaipackError
+    from raipack.validate import validate
 
     _references(root, variant, out)
     with tempfile.TemporaryDirectory(prefix="raipack-variant-") as tmp:

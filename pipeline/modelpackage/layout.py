@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline.core.hashing import sha256_many
-from pipeline.core.package import JSON_MAX_BYTES
-from pipeline.data import load_data
+from raipack.core.hashing import sha256_many
+from raipack.core.package import JSON_MAX_BYTES
+from raipack.data import load_data
 
 MAX_MANIFEST_BYTES = 1 << 20
 HEX = re.compile(r"^[0-9a-f]{64}$")

@@ -16,9 +16,9 @@ import shutil
 import stat
 from pathlib import Path
 
-from pipeline.core.errors import UsageError
-from pipeline.core.output import atomic_write_text, output_folder
-from pipeline.modelpackage import layout
+from raipack.core.errors import UsageError
+from raipack.core.output import atomic_write_text, output_folder
+from raipack.modelpackage import layout
 
 
 def available_providers() -> list[str]:

@@ -21,9 +21,9 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from pipeline.core.findings import Finding
-from pipeline.core.onnxproto import ModelProto, TensorProto, get_attribute_value, tensor_nbytes
-from pipeline.npu.quark_config import is_excluded, layer_weight_spec, node_to_hf
+from raipack.core.findings import Finding
+from raipack.core.onnxproto import ModelProto, TensorProto, get_attribute_value, tensor_nbytes
+from raipack.npu.quark_config import is_excluded, layer_weight_spec, node_to_hf
 
 GRAPH = "model.onnx"  # the path of a contract finding; checks place it in their package
 

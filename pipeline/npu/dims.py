@@ -3,7 +3,7 @@ hidden size, vocabulary), each with the file and JSON pointer it came from."""
 
 from __future__ import annotations
 
-from pipeline.npu.settings import as_count as _count
+from raipack.npu.settings import as_count as _count
 
 GENAI = "genai_config.json"
 

@@ -49,6 +49,6 @@ def _get(doc, *keys):
 
 def known_options() -> dict:
     """What raipack knows of the RyzenAI runtime's options (pipeline/data/ryzenai_options.json)."""
-    from pipeline.data import load_data
+    from raipack.data import load_data
 
     return load_data("ryzenai_options.json")

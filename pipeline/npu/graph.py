@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.core import onnxproto, protowire
-from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
+from raipack.core import onnxproto, protowire
+from raipack.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_FIELDS, GRAPH_MAX_NODES, ReadError
 
 WEIGHTS_HINT = "keep the weights in external data (model.onnx.data, the model builder's default), or check that the right file was placed here"
 

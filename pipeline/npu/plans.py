@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.npu.formats import DTYPE_SIZE, PLAN_ALIGNMENT, PLAN_FORMAT, FormatError, align, nbytes
+from raipack.npu.formats import DTYPE_SIZE, PLAN_ALIGNMENT, PLAN_FORMAT, FormatError, align, nbytes
 
 PLAN_VERSION = 2  # plans and schedules; the header, .state and .const keep formats.FORMAT_VERSION
 SCHEDULE_FORMAT = "raipack-metastate-schedule"

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from pipeline.core.errors import UsageError
-from pipeline.core.package import Package
-from pipeline.npu.genai import ryzenai_options
+from raipack.core.errors import UsageError
+from raipack.core.package import Package
+from raipack.npu.genai import ryzenai_options
 
-PROFILE_PACKAGE = "pipeline.profiles"
+PROFILE_PACKAGE = "raipack.profiles"
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -137,8 +137,8 @@ def built_by_raipack(pkg: Package) -> Detection | None:
 def _by_reference_header(pkg: Package) -> Detection | None:
     """Without raipack's manifest (a copy that lost it), raipack's own model.pb.bin still says which
     reference profile it was fused for; RP901 then reports the missing manifest under that profile."""
-    from pipeline.npu import formats
-    from pipeline.npu.layout import package_files
+    from raipack.npu import formats
+    from raipack.npu.layout import package_files
 
     headers = sorted({package_files(p)["header"] for p in all_profiles().values() if p["target"] == "reference"})
     name = next((h for h in headers if h in pkg.files and formats.is_reference_header(pkg.root / h)), None)

@@ -17,8 +17,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from pipeline.core.errors import RaipackError
-from pipeline.npu.genai import ryzenai_options
+from raipack.core.errors import RaipackError
+from raipack.npu.genai import ryzenai_options
 
 SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on
 INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"  # set by AMD's installer, ends in the version
@@ -285,7 +285,7 @@ def tierless(profile: dict) -> bool:
 
 def compiled_tiers(pkg, profile: dict, phase: str) -> list[int]:
     """Tiers the package is compiled for: its tier files (tiered layouts), else the profile's list."""
-    from pipeline.npu.layout import tiers_present
+    from raipack.npu.layout import tiers_present
 
     if profile["metastate"].get("tiered"):
         found = tiers_present(pkg)["Prefill" if phase == "prefill" else "Token"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.report import inputs
+from raipack.report import inputs
 
 
 def page_data(name: str, summary: dict, findings: list[dict], report: dict | None = None, bench: dict | None = None, evaluation: dict | None = None) -> dict:
@@ -35,8 +35,8 @@ def page_data(name: str, summary: dict, findings: list[dict], report: dict | Non
 def for_package(path: Path, bench_file: Path | None = None, eval_file: Path | None = None) -> dict:
     """The page data of any package: its report.json when raipack built it, validation and inspect tables,
     and bench.json / eval.json given or found beside it. Bad inputs raise before anything is written."""
-    from pipeline.summary import summary
-    from pipeline.validate import validate
+    from raipack.summary import summary
+    from raipack.validate import validate
 
     path = Path(path)
     found = {n: path / f"{n}.json" for n in ("report", "bench", "eval") if (path / f"{n}.json").is_file()}

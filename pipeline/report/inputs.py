@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.core.errors import UsageError
+from raipack.core.errors import UsageError
 
 MAX_BYTES = 64 << 20
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipeline.reporters import junit, sarif, text
-from pipeline.reporters.json_report import render as render_json
+from raipack.reporters import junit, sarif, text
+from raipack.reporters.json_report import render as render_json
 
 REPORTERS: dict[str, Callable] = {
     "text": text.render,

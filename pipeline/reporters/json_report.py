@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline import __version__
-from pipeline.core.textsafe import safe_results
+from raipack import __version__
+from raipack.core.textsafe import safe_results
 
 
 def report_dict(results, exit_code: int) -> dict:

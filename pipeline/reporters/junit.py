@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
-from pipeline.core.textsafe import safe_results
+from raipack.core.textsafe import safe_results
 
 
 def render(results, exit_code: int, color: bool = False) -> str:

@@ -6,9 +6,9 @@ import json
 import os
 from urllib.parse import quote
 
-from pipeline import __version__
-from pipeline.checks import load_all
-from pipeline.core.textsafe import PATH_LIMIT, safe, safe_finding
+from raipack import __version__
+from raipack.checks import load_all
+from raipack.core.textsafe import PATH_LIMIT, safe, safe_finding
 
 LEVEL = {"error": "error", "warning": "warning", "advice": "note", "info": "none"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pipeline.core.textsafe import safe_results
+from raipack.core.textsafe import safe_results
 
 COLORS = {"error": "31", "warning": "33", "advice": "36", "info": "2"}
 

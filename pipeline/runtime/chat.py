@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
-from pipeline.runtime.trust import first_line
+from raipack.core.errors import RaipackError
+from raipack.runtime.trust import first_line
 
 
 def load_tokenizer(pkg: Path):

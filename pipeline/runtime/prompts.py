@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
-from pipeline.data import heldout_text, load_data
-from pipeline.runtime.trust import first_line
+from raipack.core.errors import RaipackError
+from raipack.data import heldout_text, load_data
+from raipack.runtime.trust import first_line
 
 MAX_LINE_BYTES = 1 << 20  # a prompt line longer than this is not read
 

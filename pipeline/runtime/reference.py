@@ -34,12 +34,12 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.npu import formats, plans
-from pipeline.npu.constraints import placed_as_header_says, stored_in
-from pipeline.npu.formats import FormatError
-from pipeline.npu.genai import ryzenai_options
-from pipeline.npu.settings import NpuSettings
-from pipeline.runtime.trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
+from raipack.npu import formats, plans
+from raipack.npu.constraints import placed_as_header_says, stored_in
+from raipack.npu.formats import FormatError
+from raipack.npu.genai import ryzenai_options
+from raipack.npu.settings import NpuSettings
+from raipack.runtime.trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
 
 
 class RuntimeRefusal(ValueError):

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError, UsageError
+from raipack.core.errors import RaipackError, UsageError
 
 # Unusual values in a package's files that the runtime's own checks did not name: still one sentence.
 LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, MemoryError, RecursionError)
@@ -36,15 +36,15 @@ class Answer:
 
 
 def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: int | None, sdk_version: str | None) -> Answer:
-    from pipeline.core.env import OFFLINE
+    from raipack.core.env import OFFLINE
 
     os.environ.update(OFFLINE)
     if not Path(package).is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
     prompt = utf8_prompt(prompt)
-    from pipeline.runtime.chat import chat_ids, load_tokenizer, timed_generate
-    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
-    from pipeline.runtime.trust import first_line
+    from raipack.runtime.chat import chat_ids, load_tokenizer, timed_generate
+    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
+    from raipack.runtime.trust import first_line
 
     try:
         try:

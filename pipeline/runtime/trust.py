@@ -1,6 +1,6 @@
 """What the reference runtime checks before it reads a package file.
 
-- The package is scanned first (`pipeline.core.package.Package.scan`): a FIFO, device or socket,
+- The package is scanned first (`raipack.core.package.Package.scan`): a FIFO, device or socket,
   a broken symlink or one that leaves the package refuses the package before anything is opened.
 - A file a config names (`model.decoder.filename`, `external_data_file`, an initializer's external
   data `location`) must be one of the scanned files: a relative path inside the package, a regular
@@ -18,8 +18,8 @@ import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.package import GRAPH_MAX_BYTES, JSON_MAX_BYTES, JsonError, Package, ReadError, role_of
+from raipack.core.errors import RaipackError
+from raipack.core.package import GRAPH_MAX_BYTES, JSON_MAX_BYTES, JsonError, Package, ReadError, role_of
 
 WEIGHT_ROLES = ("npu_weights", "external_data", "npu_header", "graph", "metastate")  # must be listed, with their size
 HASHED_ROLES = ("external_data", "npu_header", "graph", "tokenizer", "chat_template")  # and these their sha256
@@ -87,7 +87,7 @@ class PackageFiles:
         except JsonError as exc:
             raise PackageError(f"{self.root / rel} {exc}", exc.hint or "rebuild the package") from None
         if schema:
-            from pipeline.core.schemas import errors
+            from raipack.core.schemas import errors
 
             problems = errors(schema, doc)
             if problems:
@@ -136,7 +136,7 @@ class PackageFiles:
         return {posixpath.normpath(e["path"]): e for e in files}
 
     def _hash(self, todo: dict[Path, object]) -> None:
-        from pipeline.core.hashing import sha256_many
+        from raipack.core.hashing import sha256_many
 
         for path, digest in sorted(sha256_many(list(todo)).items()):
             if isinstance(digest, OSError):

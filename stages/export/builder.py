@@ -13,7 +13,7 @@ afterwards (`carry_tokenizer`, as AMD's packages carry them), and genai_config.j
 kept inside the vocabulary there (`fit_token_ids`), never by editing the tokenizer.
 
 The builder is called through `parse_extra_options` + `create_model`, never through its CLI
-(`--help` crashes in 0.18). Output goes into `out_dir` (new or empty: pipeline.core.output.output_folder),
+(`--help` crashes in 0.18). Output goes into `out_dir` (new or empty: raipack.core.output.output_folder),
 the builder's scratch cache inside it until it returns; the build runner stages and swaps the folder.
 """
 
@@ -26,12 +26,12 @@ import struct
 import time
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.output import output_folder
-from pipeline.core.package import role_of
-from stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
-from stages.export.families import extra_options as family_options
-from stages.export.families import patched_builder
+from raipack.core.errors import RaipackError
+from raipack.core.output import output_folder
+from raipack.core.package import role_of
+from raipack.stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
+from raipack.stages.export.families import extra_options as family_options
+from raipack.stages.export.families import patched_builder
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`

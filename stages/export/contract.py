@@ -4,5 +4,5 @@ with `raipack validate`'s checks (profile `oga-export`), like every stage's."""
 
 from __future__ import annotations
 
-from pipeline.npu.contract import external_data_refs, io_contract, matmulnbits_agreement  # noqa: F401  (re-exported for the stage and its tests)
-from pipeline.npu.quark_config import hf_to_node, is_excluded, layer_weight_spec, node_to_hf  # noqa: F401
+from raipack.npu.contract import external_data_refs, io_contract, matmulnbits_agreement  # noqa: F401  (re-exported for the stage and its tests)
+from raipack.npu.quark_config import hf_to_node, is_excluded, layer_weight_spec, node_to_hf  # noqa: F401

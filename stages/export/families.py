@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 
-from stages.export import mistral
+from raipack.stages.export import mistral
 
 # builder extra options per model_type (the caller's own options win)
 EXTRA_OPTIONS = {"gemma3_text": {"windowed_kv_cache": "false"}, **mistral.EXTRA_OPTIONS}

@@ -31,7 +31,7 @@ def all_sliding(config) -> None:
 
 
 def mistral_class():
-    """(name in the builder module, the fixed class) for `stages.export.families.patched_builder`."""
+    """(name in the builder module, the fixed class) for `raipack.stages.export.families.patched_builder`."""
     from onnxruntime_genai.models.builders.mistral import MistralModel
 
     class Mistral(MistralModel):

@@ -1,6 +1,6 @@
 """Parity of an exported OGA model with the Quark model it came from.
 
-The ONNX side runs through `pipeline.runtime.ortloop.OrtDecoder` (plain onnxruntime); the reference side reloads
+The ONNX side runs through `raipack.runtime.ortloop.OrtDecoder` (plain onnxruntime); the reference side reloads
 the Quark export in transformers, which reads Quark checkpoints natively. Both see the same token ids
 (the Quark folder's tokenizer, no chat template).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.runtime.ortloop import OrtDecoder, perplexity
+from raipack.runtime.ortloop import OrtDecoder, perplexity
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -96,7 +96,7 @@ def parity(
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(int(threads))
-    from pipeline.core.quark_import import import_quark
+    from raipack.core.quark_import import import_quark
 
     import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
     tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.stage import Job, Stage
+from raipack.core.errors import RaipackError
+from raipack.core.stage import Job, Stage
 
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea."]
 
@@ -22,9 +22,9 @@ class ExportConfig:
 
 
 def run(job: Job) -> dict:
-    from pipeline.data import heldout_text
-    from stages.export.builder import export
-    from stages.export.parity import parity
+    from raipack.data import heldout_text
+    from raipack.stages.export.builder import export
+    from raipack.stages.export.parity import parity
 
     cfg: ExportConfig = job.config
     quark = job.inputs["quantize"]

@@ -3,7 +3,7 @@
 
 `fuse(export_dir, out_dir, profile)` reads the export's graph without its weights, rewrites it
 (stages/fuse/graph/), checks the NPU constraints the profile knows before writing anything, then
-writes into `out_dir` (new or empty: pipeline.core.output.output_folder; the build runner stages and swaps):
+writes into `out_dir` (new or empty: raipack.core.output.output_folder; the build runner stages and swaps):
 
     model.onnx         the fused graph: nodes of domain ai.raipack with their local functions
     model.onnx.data    CPU-side tensors (embedding, final norm, a float lm_head)
@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.findings import Finding
-from pipeline.core.hashing import sha256_file
-from pipeline.core.output import output_folder
-from pipeline.npu import formats, plans
-from pipeline.npu import profile as profiles
-from pipeline.npu.formats import ALIGNMENT
-from pipeline.npu.layout import package_files
-from pipeline.npu.settings import NpuSettings, is_power_of_two
-from pipeline.runtime.prompts import defaults, write_prompts_file
+from raipack.core.errors import RaipackError
+from raipack.core.findings import Finding
+from raipack.core.hashing import sha256_file
+from raipack.core.output import output_folder
+from raipack.npu import formats, plans
+from raipack.npu import profile as profiles
+from raipack.npu.formats import ALIGNMENT
+from raipack.npu.layout import package_files
+from raipack.npu.settings import NpuSettings, is_power_of_two
+from raipack.runtime.prompts import defaults, write_prompts_file
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
 CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -143,7 +143,7 @@ class _Run:
     genai: dict
     model: object  # the export's ModelProto, without its weights
     settings: NpuSettings
-    fg: object = None  # stages.fuse.graph.FuseGraphResult
+    fg: object = None  # raipack.stages.fuse.graph.FuseGraphResult
     model_config: dict = field(default_factory=dict)
     findings: list = field(default_factory=list)
     report: Callable = lambda what, done, total: None
@@ -196,7 +196,7 @@ def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) 
     if not is_power_of_two(npu_seq):
         run.findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {npu_seq} is not a power of two, but hybrid_opt_max_seq_length must be",
                                     "make the profile's largest prefill tier a power of two", "/model/decoder/session_options"))
-    from stages.fuse.graph import Constraints, fuse_graph
+    from raipack.stages.fuse.graph import Constraints, fuse_graph
 
     try:
         run.fg = fuse_graph(model, genai, Constraints.from_profile(profile))
@@ -277,7 +277,7 @@ def _write_cpu_data(names, inits: dict, src: _Source, path: Path) -> int:
 
 def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
     """model.pb.bin, the header indexing model.bin; returns its operators."""
-    from stages.fuse.graph import DOMAIN
+    from raipack.stages.fuse.graph import DOMAIN
 
     fg, profile, L, names = run.fg, run.profile, run.L, run.names
     operators = [{
@@ -304,7 +304,7 @@ def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
 
 def _write_cache(run: _Run, operators: list[dict], stage: Path) -> None:
     """cache/: a descriptor (.const) and a meta file per fused node."""
-    from stages.fuse.graph import attr_value
+    from raipack.stages.fuse.graph import attr_value
 
     cache = stage / "cache"
     cache.mkdir(exist_ok=True)
@@ -378,7 +378,7 @@ def _plan_io(run: _Run) -> dict:
 
 def _write_schedule(run: _Run, stage: Path, phase: str):
     """The schedule every tier of `phase` shares; returns it prepared and {file, sha256} for the plans."""
-    from stages.fuse.graph import ShapeError, static_schedule
+    from raipack.stages.fuse.graph import ShapeError, static_schedule
 
     fg, kvh, hs = run.fg, run.dims["kv_heads"], run.dims["head_size"]
     weights = {t.name for t in fg.model.graph.initializer}

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.runtime.trust import first_line
+from raipack.core.errors import RaipackError, UsageError
+from raipack.runtime.trust import first_line
 
 DATA = Path(__file__).with_name("data") / "sdk_backend.json"
 INSTALL_HINT = "use --backend reference, or install the Ryzen AI SDK (its model-generate package, or model_generate on PATH)"
@@ -159,7 +159,7 @@ def _run_python(module: str, call: dict, export_dir: Path, out_dir: Path) -> Non
         job = {"module": module, "path": path, "kwargs": kwargs, "result": str(result)}
         env = {**os.environ, "PYTHONPATH": root}
         try:
-            proc = subprocess.run([sys.executable, "-P", "-m", "stages.fuse.sdk"], input=json.dumps(job), text=True,
+            proc = subprocess.run([sys.executable, "-P", "-m", "raipack.stages.fuse.sdk"], input=json.dumps(job), text=True,
                                   cwd=empty, env=env, timeout=cfg["timeout_s"])
         except subprocess.TimeoutExpired:
             raise RaipackError(f"model_generate did not finish within {cfg['timeout_s']} s", hint) from None

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.core.stage import Job, Stage
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.stage import Job, Stage
 
 SDK_KIND = "ryzenai-sdk-package"  # manifest kind of a package whose NPU files AMD's model_generate wrote
 
@@ -27,13 +27,13 @@ class FuseConfig:
 
 def reference_profile(target: dict) -> str:
     """raipack's own package profile for a release target: the reference profile that extends it."""
-    from pipeline.npu import profile as profiles
+    from raipack.npu import profile as profiles
 
     return profiles.reference_for(target)["id"]
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
-    from stages.fuse.sdk import find_module, find_tool
+    from raipack.stages.fuse.sdk import find_module, find_tool
 
     if requested != "auto":
         return requested, f"--backend {requested}"
@@ -49,20 +49,20 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def run(job: Job) -> dict:
-    from pipeline.npu import profile as profiles
+    from raipack.npu import profile as profiles
 
     backend, why = choose_backend(job.config.backend)
     job.progress.line(f"  fuse backend: {backend} ({why})")
     export = job.inputs["export"]
     quark = job.inputs.get("quantize")
     if backend == "ryzenai-sdk":
-        from stages.fuse.sdk import call_settings, generate
+        from raipack.stages.fuse.sdk import call_settings, generate
 
         given = job.inputs.get(call_settings(job.profile, job.config)["input"]) or export  # hybrid: the Quark folder (AMD's flow exports for DirectML itself)
         report = generate(job.profile, given, job.workdir, job.config, untrusted=[p for p in job.inputs.values() if p])
         report["manifest_kind"] = SDK_KIND  # AMD's formats: not a package whose NPU files raipack wrote (the reference profiles' marker)
     else:
-        from stages.fuse.reference import fuse
+        from raipack.stages.fuse.reference import fuse
 
         report = fuse(export, job.workdir, profiles.get(reference_profile(job.profile)), quark_dir=quark, progress=job.progress.callback("fuse"))
         errors = [f for f in report.get("findings", []) if f.get("severity") == "error"]
@@ -88,7 +88,7 @@ def preflight(config: FuseConfig, target: dict) -> None:
             raise UsageError(f"[fuse] {config.sdk_options()[0]} is an option of AMD's model_generate (the ryzenai-sdk backend); the reference backend writes the target profile's layout and takes none",
                              "remove it from the recipe, or build with --backend ryzenai-sdk on a machine with the Ryzen AI SDK")
         return
-    from stages.fuse.sdk import call_settings
+    from raipack.stages.fuse.sdk import call_settings
 
     call_settings(target, config)
     for key, value in (config.extra_options or {}).items():

@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pipeline.core.errors import RaipackError
-from pipeline.data import load_data
-from stages.quantize.preflight import HINT
+from raipack.core.errors import RaipackError
+from raipack.data import load_data
+from raipack.stages.quantize.preflight import HINT
 
 
 def awq_data() -> dict[str, Any]:
-    return load_data("data/awq.json", "stages.quantize")
+    return load_data("data/awq.json", "raipack.stages.quantize")
 
 
 def template(model_type: str | None, where: str) -> Any:

@@ -1,7 +1,7 @@
 """Calibration data for the quantize stage.
 
 A small offline English corpus ships with raipack (``pipeline/data/calib.txt``, original prose
-written for this project; the held-out set for perplexity is beside it, see pipeline.data).
+written for this project; the held-out set for perplexity is beside it, see raipack.data).
 Users may pass their own ``.txt`` (plain text) or ``.jsonl`` (one ``{"text": ...}`` object
 per line) file.
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError
-from pipeline.data import CALIBRATION_TEXT
+from raipack.core.errors import RaipackError
+from raipack.data import CALIBRATION_TEXT
 
 DEFAULT_CALIBRATION = CALIBRATION_TEXT  # what quantize calibrates with unless a recipe names a file
 SUPPORTED_SUFFIXES = (".txt", ".jsonl")

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.data import load_data
-from stages.quantize.preflight import text_config
+from raipack.core.errors import RaipackError, UsageError
+from raipack.data import load_data
+from raipack.stages.quantize.preflight import text_config
 
 ENV_LIMIT = "RAIPACK_MEMORY_LIMIT"
 GIB = 1 << 30
@@ -37,7 +37,7 @@ _FUSED = ("phi3",)  # qkv_proj and gate_up_proj: same parameter count, other lin
 
 def model_data() -> dict[str, Any]:
     """The constants of the memory model (``stages/quantize/data/memory.json``)."""
-    return load_data("data/memory.json", "stages.quantize")
+    return load_data("data/memory.json", "raipack.stages.quantize")
 
 
 def gib(n: float) -> str:

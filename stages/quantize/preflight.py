@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 GroupSize = int | Literal["auto"]
 LmHead = int | Literal["exclude"]

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 HINT = 'check that the folder holds a Hugging Face model with its tokenizer (re-run the stage that wrote it with --force)'
 
@@ -32,7 +32,7 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     if quant != "quark":
         kwargs["dtype"] = getattr(torch, dtype)
     else:  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
-        from pipeline.core.quark_import import import_quark
+        from raipack.core.quark_import import import_quark
 
         import_quark()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)

@@ -5,7 +5,7 @@ Scheme ``uint4_wo_<group>``: asymmetric per-group UINT4 weights, float activatio
 The result is Quark's Hugging Face export (``custom_mode="quark"``,
 ``weight_format="real_quantized"``, ``pack_method="reorder"``) plus every file of the
 source folder Quark does not copy (tokenizer, chat template, generation config, custom
-code...), written into ``out_dir`` (new or empty: pipeline.core.output.output_folder;
+code...), written into ``out_dir`` (new or empty: raipack.core.output.output_folder;
 the build runner stages the folder and swaps it into place).
 
 Everything cheap is checked before anything heavy runs (stages/quantize/preflight.py), and Quark
@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError
-from stages.quantize import awq_groups
-from stages.quantize.preflight import HINT, GroupSize, LmHead, check_source_dir, read_config, resolve_group_size, resolve_lm_head, text_config
-from stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
-from stages.quantize.runtime import apply_runtime_settings, peak_rss_bytes, release_memory, reset_peak_rss
+from raipack.core.errors import RaipackError
+from raipack.stages.quantize import awq_groups
+from raipack.stages.quantize.preflight import HINT, GroupSize, LmHead, check_source_dir, read_config, resolve_group_size, resolve_lm_head, text_config
+from raipack.stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
+from raipack.stages.quantize.runtime import apply_runtime_settings, peak_rss_bytes, release_memory, reset_peak_rss
 
 Progress = Callable[[str, int, int], None]
 
@@ -147,7 +147,7 @@ def quantize(
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}
     try:  # the allocator tuning ends with this call, also a failed one
-        from pipeline.core.quark_import import import_quark
+        from raipack.core.quark_import import import_quark
 
         import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
         scheme = f"uint4_wo_{chosen}"
@@ -248,7 +248,7 @@ def _calibration(src_dir: Path, algorithm: str, calib_texts: list[str] | None, n
     """The calibration batches and their record (None for RTN), tokenized before the weights are loaded: bad data fails fast."""
     from transformers import AutoTokenizer
 
-    from stages.quantize.calibration import DEFAULT_CALIBRATION, read_texts, tokenize_texts
+    from raipack.stages.quantize.calibration import DEFAULT_CALIBRATION, read_texts, tokenize_texts
 
     tokenizer = AutoTokenizer.from_pretrained(str(src_dir), trust_remote_code=False, local_files_only=True)
     if algorithm == "rtn":
@@ -293,7 +293,7 @@ def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, 
     import torch
     from quark.torch import ModelQuantizer, export_safetensors
 
-    from pipeline.core.output import output_folder
+    from raipack.core.output import output_folder
 
     with output_folder(out_dir) as tmp:
         t_q = time.perf_counter()

@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError
-from stages.quantize.preflight import HINT, PICKLE_SUFFIXES
+from raipack.core.errors import RaipackError
+from raipack.stages.quantize.preflight import HINT, PICKLE_SUFFIXES
 
 # Files of the source that describe its *unquantized* weights: never copied over the export.
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin.index.json")
-NEVER_COPY = ("config.json", "manifest.json", "log.txt")  # log.txt: a build stage's library log (pipeline.build.logs)
+NEVER_COPY = ("config.json", "manifest.json", "log.txt")  # log.txt: a build stage's library log (raipack.builder.logs)
 
 
 def versions() -> dict[str, str]:

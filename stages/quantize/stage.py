@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.core.stage import Job, Stage
-from stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.stage import Job, Stage
+from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
 
@@ -31,15 +31,15 @@ class QuantizeConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
-    from pipeline.data import heldout_text
-    from stages.quantize.calibration import read_texts
-    from stages.quantize.quark_awq import quantize
+    from raipack.data import heldout_text
+    from raipack.stages.quantize.calibration import read_texts
+    from raipack.stages.quantize.quark_awq import quantize
 
     cfg: QuantizeConfig = job.config
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
         raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
     src = job.inputs["source"]
-    from stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
+    from raipack.stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
     memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
     texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
     report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
@@ -73,7 +73,7 @@ def summary(algorithm: str, report: dict) -> str:
 
 
 def measure(source, quantized, text: str) -> dict:
-    from stages.quantize.quality import greedy_answer, load_hf, perplexity
+    from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
 
     out = {}
     for label, folder in (("source", source), ("quantized", quantized)):
@@ -88,7 +88,7 @@ def measure(source, quantized, text: str) -> dict:
 
 def preflight(config: QuantizeConfig, target: dict) -> None:
     """Refuse a bad [quantize].lm_head before any stage runs (its width is checked against the model in the stage)."""
-    from stages.quantize.preflight import resolve_lm_head
+    from raipack.stages.quantize.preflight import resolve_lm_head
 
     resolve_lm_head({}, config.lm_head)
 

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.runtime.trust import first_line
+from raipack.runtime.trust import first_line
 
 LIBRARIES = {"win32": "onnxruntime_providers_ryzenai.dll"}  # the provider library's name where it is not a Linux .so
 LIBRARY = LIBRARIES.get(sys.platform, "libonnxruntime_providers_ryzenai.so")
@@ -101,8 +101,8 @@ def find_provider_library(untrusted=()) -> tuple[Path | None, str]:
 
 def package_problem(pkg: Path) -> str:
     """Why the package cannot be handed to onnxruntime-genai without loading something it names ("" if it can)."""
-    from pipeline.core.package import JsonError, Package
-    from pipeline.npu.genai import provider_names
+    from raipack.core.package import JsonError, Package
+    from raipack.npu.genai import provider_names
 
     files = Package.scan(pkg)
     bad = [f for f in files.scan_findings if f.severity == "error"]
@@ -139,7 +139,7 @@ def try_npu(pkg_dir, prompts: list[list[int]], max_new_tokens: int, untrusted=()
         return NpuAttempt(False, problem)
     root = str(Path(__file__).resolve().parents[2])  # where this raipack's `stages` package lives
     env = {**os.environ, EP_ENV: str(library), "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "stages.smoke.npu", str(pkg), str(int(max_new_tokens))]
+    command = [sys.executable, "-m", "raipack.stages.smoke.npu", str(pkg), str(int(max_new_tokens))]
     with tempfile.TemporaryDirectory(prefix="raipack-npu-") as empty:
         try:
             proc = subprocess.run(command, input=json.dumps(prompts), capture_output=True, text=True, errors="replace",
@@ -163,7 +163,7 @@ def try_npu(pkg_dir, prompts: list[list[int]], max_new_tokens: int, untrusted=()
 
 def _evidence() -> tuple[list[str], list[str]]:
     """(device names that mean the NPU, log phrases that mean a CPU fallback), lower case."""
-    from pipeline.data import load_data
+    from raipack.data import load_data
 
     data = load_data("npu_evidence.json")
     return [v.lower() for v in data["npu_device_types"]["values"]], [v.lower() for v in data["fallback_log_patterns"]["values"]]

@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.stage import Job, Stage
+from raipack.core.errors import RaipackError
+from raipack.core.stage import Job, Stage
 
 PROMPT = "What is the capital of France?"
 FILLER = "The quick brown fox jumps over the lazy dog while the river runs to the sea. "
@@ -42,10 +42,10 @@ def prompt_lengths(tiers: list[int], max_prompt: int, max_tier: int, new_tokens:
 
 
 def run(job: Job) -> dict:
-    from pipeline.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
-    from stages.smoke.npu import try_npu
+    from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
+    from raipack.stages.smoke.npu import try_npu
 
     cfg: SmokeConfig = job.config
     pkg, export = job.inputs["fuse"], job.inputs["export"]

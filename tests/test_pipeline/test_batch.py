@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import fake_stages
-from pipeline.batch.jobs import StageJob, job_key, run_stage_job
-from pipeline.build import cache
-from pipeline.build.recipe import load
-from pipeline.core import manifest
-from pipeline.validate import validate
+from raipack.batch.jobs import StageJob, job_key, run_stage_job
+from raipack.builder import cache
+from raipack.builder.recipe import load
+from raipack.core import manifest
+from raipack.validate import validate
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def run(job):  # both writers are inside the stage before either commits
     return real.run(job)
 
 fake_stages.FAKES["quantize"] = dataclasses.replace(real, run=run)
-from pipeline.batch.jobs import run_stage_job
+from raipack.batch.jobs import run_stage_job
 print(json.dumps(run_stage_job(json.loads(sys.argv[1]))))
 """
 
@@ -103,16 +103,16 @@ def batch_env(env, monkeypatch):
         assert _real_stage(name).profile_keys == (), name
         fakes[name] = dataclasses.replace(fakes[name], profile_keys=())
     fakes["fuse"] = dataclasses.replace(fakes["fuse"], output_profile=_reference_id, run=lambda job: fake_stages._writer(_reference_id(job))(job))
-    monkeypatch.setattr("pipeline.build.stages.get", fakes.__getitem__)
-    monkeypatch.setattr("pipeline.batch.matrix.check_model_dir", lambda path, trust: path.resolve())
+    monkeypatch.setattr("raipack.builder.stages.get", fakes.__getitem__)
+    monkeypatch.setattr("raipack.batch.matrix.check_model_dir", lambda path, trust: path.resolve())
     # each package's report.html (matplotlib, ~0.5 s each) is raipack build's, tested there; not drawn here
-    monkeypatch.setattr("pipeline.report.page.write_build_page", lambda *a, **kw: None)
+    monkeypatch.setattr("raipack.report.page.write_build_page", lambda *a, **kw: None)
     return env
 
 
 def _reference_id(job) -> str:
     """The fake fuse writes the package of the job's target (reference-4K for 1.8.0-npu-4K)."""
-    from pipeline.npu.profile import reference_for
+    from raipack.npu.profile import reference_for
 
     return reference_for(job.profile)["id"]
 
@@ -120,20 +120,20 @@ def _reference_id(job) -> str:
 def _real_stage(name: str):
     import importlib
 
-    from pipeline.data import load_data
+    from raipack.data import load_data
 
     return importlib.import_module(load_data("stages.json")["modules"][name]).STAGE
 
 
 def fork_executor(kind, jobs, address, root, warn, memory_free):
     """The local executor with forked workers: they inherit this process's fake stages."""
-    from pipeline.batch.local import LocalExecutor
+    from raipack.batch.local import LocalExecutor
 
     return LocalExecutor(jobs, memory_free, start_method="fork", warn=warn)
 
 
 def run(path: Path, **kw):
-    from pipeline.batch.run import run_batch
+    from raipack.batch.run import run_batch
 
     lines: list[str] = []
     doc = run_batch(path, line=lines.append, warn=lines.append, make=kw.pop("make", fork_executor), **kw)
@@ -166,7 +166,7 @@ def test_a_failed_job_fails_its_dependants_only(batch_env):
     assert [s["status"] for s in bad["stages"]] == ["cached", "built", "failed", "skipped"] or \
         [s["status"] for s in bad["stages"]][-2:] == ["failed", "skipped"]
     assert Path(by_id["a@1.8.0-npu-16K+good"]["package"]).parent == batch_env / "zoo" / "good"
-    from pipeline.batch.run import exit_code
+    from raipack.batch.run import exit_code
 
     assert exit_code(doc) == 1 and doc["jobs"]["quantize"] == 1  # one quantize for the four entries
     ran = len(calls(batch_env))
@@ -184,8 +184,8 @@ def test_a_failed_job_fails_its_dependants_only(batch_env):
      r"/models/1/name 'a' is used twice"),
 ])
 def test_a_bad_matrix_is_one_sentence_and_builds_nothing(env, text, expected):
-    from pipeline.batch.matrix import load
-    from pipeline.core.errors import UsageError
+    from raipack.batch.matrix import load
+    from raipack.core.errors import UsageError
 
     (env / "matrix.toml").write_text(text)
     with pytest.raises(UsageError, match=expected) as err:
@@ -207,7 +207,7 @@ def _admitted(arg: dict) -> dict:
 
 
 def test_the_local_executor_never_admits_more_memory_than_is_free(tmp_path):
-    from pipeline.batch.local import GIB, LocalExecutor
+    from raipack.batch.local import GIB, LocalExecutor
 
     free = 10 * GIB  # a fake machine with 10 GiB free whatever runs (the running jobs' estimates are subtracted)
     warnings: list[str] = []
@@ -233,9 +233,9 @@ def test_the_local_executor_never_admits_more_memory_than_is_free(tmp_path):
 def test_the_command_writes_junit_and_json_and_exits_1_on_a_failed_entry(batch_env, monkeypatch):
     from click.testing import CliRunner
 
-    from pipeline.cli import cli
+    from raipack.cli import cli
 
-    monkeypatch.setattr("pipeline.batch.run.make_executor", fork_executor)
+    monkeypatch.setattr("raipack.batch.run.make_executor", fork_executor)
     extra = '[[overrides]]\nname = "good"\n[[overrides]]\nname = "bad"\nfuse = { fail = true }\n'
     matrix = write_matrix(batch_env, models=("a",), profiles=("1.8.0-npu-16K",), extra=extra)
     res = CliRunner().invoke(cli, ["batch", str(matrix), "--format", "junit", "-o", str(batch_env / "r.xml"), "--jobs", "2"])
@@ -253,7 +253,7 @@ def test_the_command_writes_junit_and_json_and_exits_1_on_a_failed_entry(batch_e
 
 
 def test_ray_without_ray_installed_is_one_sentence(batch_env, monkeypatch, capsys):
-    from pipeline.cli.main import main
+    from raipack.cli.main import main
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
     with pytest.raises(SystemExit) as exit_:
@@ -266,7 +266,7 @@ def test_ray_without_ray_installed_is_one_sentence(batch_env, monkeypatch, capsy
 def test_a_real_two_job_batch_of_a_tiny_model(tiny_llama, tmp_path, monkeypatch):
     """Real stages in spawned worker processes (the default executor): one tiny model x 2 profiles, RTN.
     One quantize and one export serve both entries; the two fuse jobs may run side by side."""
-    from pipeline.batch.run import exit_code, run_batch
+    from raipack.batch.run import exit_code, run_batch
 
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     matrix = tmp_path / "m.toml"
@@ -286,8 +286,8 @@ def test_a_real_two_job_batch_of_a_tiny_model(tiny_llama, tmp_path, monkeypatch)
 
 
 def test_a_failed_model_package_fails_the_batch_and_is_in_the_table():
-    from pipeline.batch.report import table
-    from pipeline.batch.run import exit_code
+    from raipack.batch.report import table
+    from raipack.batch.run import exit_code
 
     entry = {"entry": "a@p", "status": "built", "package": "zoo/a_p", "error": None, "stages": []}
     failed = {"a": {"status": "failed", "package": None, "error": "variant p: broken"}}

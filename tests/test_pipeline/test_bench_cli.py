@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from factory import reference_export, reference_package
-from pipeline.benchmark import Plan, bench, find_export, make_plan, npu_ready, parse_lengths
-from pipeline.benchmark.render import as_csv, as_text
-from pipeline.cli import main
-from pipeline.core.errors import UsageError
-from pipeline.runtime.prompts import Tokens, defaults, read_lines
-from pipeline.validate import validate
+from raipack.benchmark import Plan, bench, find_export, make_plan, npu_ready, parse_lengths
+from raipack.benchmark.render import as_csv, as_text
+from raipack.cli import main
+from raipack.core.errors import UsageError
+from raipack.runtime.prompts import Tokens, defaults, read_lines
+from raipack.validate import validate
 
 RAIPACK = str(Path(sys.executable).with_name("raipack"))
 NO_NPU = ("RYZENAI_EP_PATH", "RYZEN_AI_INSTALLATION_PATH")

@@ -8,7 +8,7 @@ import sys
 
 SNIPPET = (
     "import os, sys\n"
-    "from pipeline.cli import main\n"
+    "from raipack.cli import main\n"
     "try:\n"
     "    main(['build', sys.argv[1]])\n"
     "except SystemExit as exc:\n"

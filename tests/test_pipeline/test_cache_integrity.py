@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 import fake_stages
-from pipeline.build import cache, staging
-from pipeline.build.progress import Progress
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
-from pipeline.cli import main
-from pipeline.core import manifest
+from raipack.builder import cache, staging
+from raipack.builder.progress import Progress
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
+from raipack.cli import main
+from raipack.core import manifest
 
 PKG = "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
 KEY = "0123456789abcdef0123456789abcdef"
@@ -30,7 +30,7 @@ KEY = "0123456789abcdef0123456789abcdef"
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.build.stages.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -141,7 +141,7 @@ def test_verify_cache_hashes_every_entry(env, monkeypatch, capsys):
 HOLDER = """
 import os, sys
 from pathlib import Path
-from pipeline.build import staging
+from raipack.builder import staging
 root = Path(sys.argv[1])
 staging.hold(root)
 (root / "stages" / "export" / f".staging-{sys.argv[2]}-{os.getpid()}").mkdir(parents=True)

@@ -10,13 +10,13 @@ import pytest
 
 from factory import Dims, lfs_pointer_text, make_graph, reference_export, save_graph, write_manifest
 from helpers import edit_json, ryzen
-from pipeline.checks import load_all
-from pipeline.cli import main
-from pipeline.modelpackage import layout
-from pipeline.npu import formats
-from pipeline.npu.profile import all_profiles
-from pipeline.npu.profile import get as get_profile
-from pipeline.validate import validate
+from raipack.checks import load_all
+from raipack.cli import main
+from raipack.modelpackage import layout
+from raipack.npu import formats
+from raipack.npu.profile import all_profiles
+from raipack.npu.profile import get as get_profile
+from raipack.validate import validate
 
 P16, P4, P16_OLD = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.6-npu"
 GENAI = "genai_config.json"
@@ -205,8 +205,8 @@ def test_every_check_has_a_failing_case():
 @pytest.mark.parametrize("profile_id", sorted(p for p, v in all_profiles().items() if v["target"] == "reference"))
 def test_reference_packages_are_real_fused_packages(make_pkg, profile_id):
     """The factory's reference packages come from the fuse stage: raipack's header, every RP90x check run, clean."""
-    from pipeline.npu import profile as profiles
-    from pipeline.npu.layout import package_files
+    from raipack.npu import profile as profiles
+    from raipack.npu.layout import package_files
 
     pkg, names = make_pkg(profile_id), package_files(profiles.get(profile_id))  # model.pb.bin, or a hybrid's model_jit.pb.bin
     header = formats.read_header(pkg / names["header"])
@@ -243,7 +243,7 @@ def test_damaged_header_fails_under_an_explicit_release_profile(make_pkg):
 def test_cpu_fallback_is_reported(tmp_path):
     """A real package whose projections could not be fused (the profile allows no group size 128): each runs on the CPU, each is reported."""
     oga, quark = reference_export()
-    from stages.fuse.reference import fuse
+    from raipack.stages.fuse.reference import fuse
 
     profile = copy.deepcopy(get_profile("reference-4K"))
     profile["quantization"]["allowed_group_sizes"] = [32, 64]

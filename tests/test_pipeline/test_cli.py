@@ -11,7 +11,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from helpers import edit_json, run_cli, ryzen
-from pipeline.core import schemas
+from raipack.core import schemas
 
 P16 = "1.8.0-npu-16K"
 
@@ -119,7 +119,7 @@ def test_inspect_summarises(make_pkg, capsys):
 def test_validate_never_imports_build_dependencies(make_pkg):
     """The light base: validate must not import torch, transformers or onnxruntime."""
     pkg = make_pkg(P16)
-    code = ("import sys; from pipeline.cli import main\n"
+    code = ("import sys; from raipack.cli import main\n"
             "try:\n    main(['validate', '--verify-hashes', sys.argv[1]])\nexcept SystemExit as e:\n    code = e.code\n"
             "heavy = [m for m in ('torch', 'transformers', 'onnxruntime', 'onnxruntime_genai', 'quark') if m in sys.modules]\n"
             "print('HEAVY', heavy); sys.exit(code)")
@@ -133,7 +133,7 @@ def test_light_install_validates(make_pkg):
     """`pip install raipack` (no build extra) is enough for validate, as CI users install it."""
     light = os.environ["RAIPACK_LIGHT_PYTHON"]
     pkg = make_pkg(P16)
-    proc = subprocess.run([light, "-m", "pipeline.cli", "validate", "--format", "junit", str(pkg)], capture_output=True, text=True)
+    proc = subprocess.run([light, "-m", "raipack.cli", "validate", "--format", "junit", str(pkg)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "<testsuites" in proc.stdout
     missing = subprocess.run([light, "-c", "import torch"], capture_output=True)

@@ -12,9 +12,9 @@ import pytest
 
 from factory import lfs_pointer_text
 from helpers import edit_json
-from pipeline import doctor, machine
-from pipeline.cli.main import main
-from stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY
+from raipack import doctor, machine
+from raipack.cli.main import main
+from raipack.stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_prompt_limit_of_the_installed_sdk(make_pkg, ready_machine, tmp_path, mo
 @pytest.mark.parametrize("profile_id, words", [("reference-16K", "raipack's reference backend"), ("oga-export", "not an NPU package")])
 def test_packages_amds_runtime_cannot_load(profile_id, words):
     """Judged by the detected profile (a real reference package costs a build: the profile is what counts)."""
-    from pipeline.npu.profile import get
+    from raipack.npu.profile import get
 
     prof = get(profile_id)
     (p,) = doctor._kind_problems(prof, prof.get("release", "n/a"))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from factory import reference_export, reference_package
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 pytest.importorskip("lm_eval", reason="lm-eval (raipack's eval extra) is not installed")
 
@@ -49,7 +49,7 @@ def _words(tok, order) -> list[str]:
 def write_tasks(folder: Path, oga: Path) -> Path:
     from transformers import AutoTokenizer
 
-    from pipeline.runtime.ortloop import OrtDecoder
+    from raipack.runtime.ortloop import OrtDecoder
 
     tok, dec = AutoTokenizer.from_pretrained(str(oga)), OrtDecoder(oga)
     folder.mkdir(parents=True)
@@ -97,7 +97,7 @@ def cli(*args) -> Ran:
     import contextlib
     import io
 
-    from pipeline.cli import main
+    from raipack.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with pytest.raises(SystemExit) as done, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -109,7 +109,7 @@ def cli(*args) -> Ran:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, build_parts, tasks):
     """(export results from the API, package results from the CLI's --output file, the CLI's stdout)."""
-    from pipeline.evaluation.run import Request, evaluate
+    from raipack.evaluation.run import Request, evaluate
 
     oga, pkg = build_parts
     export = evaluate(oga, Request(ALL, include_path=tasks))
@@ -133,8 +133,8 @@ def test_export_and_package_give_identical_scores(runs):
 def test_export_and_package_loglikelihoods_match_position_by_position(build_parts):
     """The package's rows come from one prefill and then token steps (its graph returns the last row only);
     the export's from one full-sequence call: the same numbers up to float rounding."""
-    from pipeline.evaluation.backends import ExportBackend, PackageBackend
-    from pipeline.evaluation.lm import log_softmax
+    from raipack.evaluation.backends import ExportBackend, PackageBackend
+    from raipack.evaluation.lm import log_softmax
 
     oga, pkg = build_parts
     ctx, cont = [5, 17, 42, 99, 7], [3, 250, 11, 64]
@@ -223,12 +223,12 @@ def _float_source(folder: Path, oga: Path) -> Path:
 def test_chain_finds_every_stage_and_prints_the_drops(tmp_path, build_parts, tasks):
     """The quantize stage's Quark folder is scored through a stand-in LM here (the export's): reloading
     it through transformers imports amd-quark, about 20 s on this machine; its detection is real."""
-    from pipeline.evaluation.backends import ExportBackend
-    from pipeline.evaluation.chain import chain_table, run_chain, stage_outputs
-    from pipeline.evaluation.lm import RaipackLM
-    from pipeline.evaluation.run import Request
-    from pipeline.evaluation.targets import detect_target
-    from pipeline.runtime.chat import load_tokenizer
+    from raipack.evaluation.backends import ExportBackend
+    from raipack.evaluation.chain import chain_table, run_chain, stage_outputs
+    from raipack.evaluation.lm import RaipackLM
+    from raipack.evaluation.run import Request
+    from raipack.evaluation.targets import detect_target
+    from raipack.runtime.chat import load_tokenizer
 
     oga, pkg = build_parts
     build_dir = _fake_build(tmp_path, build_parts, _float_source(tmp_path / "src", oga))
@@ -278,7 +278,7 @@ def gated_env(tmp_path, monkeypatch, build_parts):
     import dataclasses
 
     import fake_stages
-    from pipeline.core.stage import Stage
+    from raipack.core.stage import Stage
 
     oga, pkg = build_parts
     fakes = {name: Stage(name, "1", fake_stages.FakeConfig, inputs, lambda j: None, _copier(oga), kind=kind)
@@ -286,16 +286,16 @@ def gated_env(tmp_path, monkeypatch, build_parts):
     fakes["fuse"] = dataclasses.replace(fakes["export"], name="fuse", inputs=("export",), run=_copier(pkg), kind="package")
     fakes["smoke"] = fake_stages.FAKES["smoke"]
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("pipeline.build.stages.get", fakes.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", fakes.__getitem__)
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def test_gate_refuses_a_build_whose_drop_is_over_max_drop(gated_env, tasks, monkeypatch):
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
-    from pipeline.evaluation import backends
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
+    from raipack.evaluation import backends
 
     real_open = backends.open_backend
     monkeypatch.setattr(backends, "open_backend", lambda t: _Wrong(real_open(t)) if t.kind == "package" else real_open(t))
@@ -312,8 +312,8 @@ def test_gate_refuses_a_build_whose_drop_is_over_max_drop(gated_env, tasks, monk
 
 
 def test_gate_passes_and_the_package_carries_its_results(gated_env, tasks):
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
 
     recipe = load(None, {"output": "build", "profile": "1.8.0-npu-4K", "eval": {"tasks": ["tiny_mc"], "include_path": str(tasks), "max_drop": 0.0}})
     result = build(recipe)
@@ -325,9 +325,9 @@ def test_gate_passes_and_the_package_carries_its_results(gated_env, tasks):
 
 
 def test_a_recipe_naming_an_unknown_task_is_refused_before_any_stage_runs(gated_env, tasks):
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
-    from pipeline.core.errors import UsageError
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
+    from raipack.core.errors import UsageError
 
     with pytest.raises(UsageError, match="task 'nope' is not in lm-eval's registry or the task folder"):
         build(load(None, {"output": "build", "eval": {"tasks": ["nope"], "include_path": str(tasks)}}))

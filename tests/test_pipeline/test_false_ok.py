@@ -21,9 +21,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from helpers import edit_json, ryzen
-from pipeline.cli import main
-from pipeline.core import onnxproto
-from pipeline.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_NODES, JsonError, Package
+from raipack.cli import main
+from raipack.core import onnxproto
+from raipack.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_NODES, JsonError, Package
 
 P16 = "1.8.0-npu-16K"
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def test_20_mb_of_empty_nodes_costs_little(make_pkg, tmp_path):
     across exec (Linux keeps the larger of the two), hundreds of MiB after a quantize test."""
     pkg = make_pkg(P16)
     add_empty_nodes(pkg, 10_000_000)
-    script = ("import sys\nfrom pipeline.cli import main\n"
+    script = ("import sys\nfrom raipack.cli import main\n"
               "try:\n    main(['validate', '--format', 'json', sys.argv[1]])\n"
               "finally:\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]\n"
               "    print('RSS_MIB', int(hwm) // 1024, file=sys.stderr)")

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from factory import params, real_size_package, write_json
-from pipeline.validate import validate
+from raipack.validate import validate
 from seed_models import FAMILIES, FAMILY_PACKAGES
 
 

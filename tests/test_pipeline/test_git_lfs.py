@@ -20,11 +20,11 @@ import pytest
 
 from factory import lfs_pointer_text
 from helpers import edit_json
-from pipeline.checks import load_all
-from pipeline.checks.manifest import lfs_oids_from_git
-from pipeline.cli import main
-from pipeline.core import gitread
-from pipeline.validate import open_package, validate
+from raipack.checks import load_all
+from raipack.checks.manifest import lfs_oids_from_git
+from raipack.cli import main
+from raipack.core import gitread
+from raipack.validate import open_package, validate
 
 P16 = "1.8.0-npu-16K"
 GIT_ENV = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}

@@ -15,13 +15,13 @@ import pytest
 
 import fake_stages
 from factory import make_package
-from pipeline.build import cache, handover
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
-from pipeline.cli import main
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError, UsageError
-from stages.fuse.stage import STAGE as FUSE
+from raipack.builder import cache, handover
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
+from raipack.cli import main
+from raipack.core import manifest
+from raipack.core.errors import RaipackError, UsageError
+from raipack.stages.fuse.stage import STAGE as FUSE
 from test_stages.test_fuse_sdk import install_fake_sdk
 
 FAKES = {**fake_stages.FAKES, "fuse": dataclasses.replace(fake_stages.FAKES["fuse"], inputs=("export", "quantize"))}
@@ -41,7 +41,7 @@ def linux(tmp_path, monkeypatch):
     """Machine one: the fake stages, `raipack build --until export --handover carry`; the folder is then
     moved to another path, and the build continues on machine two with an empty cache."""
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.build.stages.get", FAKES.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", FAKES.__getitem__)
     machine(tmp_path, monkeypatch, "linux")
     cli(["build", "--until", "export", "--handover", "carry", "--name", "Tiny"])
     moved = shutil.move(tmp_path / "linux" / "carry", tmp_path / "usb-stick")
@@ -136,7 +136,7 @@ def test_from_a_stage_the_handover_cannot_feed_is_refused(linux):
 
 def test_handover_needs_a_new_folder_and_something_to_carry(tmp_path, monkeypatch):
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.build.stages.get", FAKES.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", FAKES.__getitem__)
     machine(tmp_path, monkeypatch, "m")
     Path("full").mkdir()
     (Path("full") / "x").write_text("x")
@@ -151,7 +151,7 @@ def test_handover_needs_a_new_folder_and_something_to_carry(tmp_path, monkeypatc
 def test_sdk_fuse_from_a_moved_handover_gets_the_carried_export(linux, tmp_path, monkeypatch):
     calls_file = install_fake_sdk(tmp_path, monkeypatch)
     fuse = dataclasses.replace(FUSE, tools=())
-    monkeypatch.setattr("pipeline.build.stages.get", {**FAKES, "fuse": fuse}.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", {**FAKES, "fuse": fuse}.__getitem__)
     monkeypatch.setenv("FAKE_MG_PACKAGE", str(make_package(tmp_path / "amd", "1.8.0-npu-16K", name="pkg")))
     assert cli(["build", "--inputs", str(linux), "--backend", "ryzenai-sdk", "--until", "fuse", "-o", "out"]) == 0
     (call,) = [json.loads(line) for line in calls_file.read_text().splitlines()]
@@ -163,7 +163,7 @@ def test_sdk_fuse_from_a_moved_handover_gets_the_carried_export(linux, tmp_path,
 
 
 def test_a_changed_target_profile_is_named(linux, capsys):
-    from pipeline.npu.profile import get
+    from raipack.npu.profile import get
 
     carried = handover.read(linux)
     assert handover.profile_drift(carried, get("1.8.0-npu-16K")) == ""

@@ -11,8 +11,8 @@ import pytest
 
 from factory import lfs_pointer_text
 from helpers import edit_json
-from pipeline.cli import main
-from pipeline.npu.profile import all_profiles
+from raipack.cli import main
+from raipack.npu.profile import all_profiles
 
 PROFILES = sorted(p for p, v in all_profiles().items() if v["target"] != "intermediate") + ["oga-export", "quark-export"]
 N = 210
@@ -173,7 +173,7 @@ def test_malformed_package_fails_cleanly(make_pkg, capsys, seed):
 
 def test_unreadable_file_is_a_finding(make_pkg, monkeypatch):
     """Root can read anything, so the permission error is simulated at open() and os.open()."""
-    from pipeline.validate import validate
+    from raipack.validate import validate
 
     pkg = make_pkg("1.8.0-npu-16K")
     real_open, real_os_open = open, os.open

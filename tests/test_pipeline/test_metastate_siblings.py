@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from factory import Dims, lfs_pointer_text
-from pipeline.core import schemas
-from pipeline.npu.profile import all_profiles
-from pipeline.validate import validate
+from raipack.core import schemas
+from raipack.npu.profile import all_profiles
+from raipack.validate import validate
 
 P16, P16_OLD = "1.8.0-npu-16K", "1.6-npu"
 LAYOUT = "dd_metastate_Llm_Token_MatMulNBits_1_0"  # a set the factory writes for every non-tiered profile

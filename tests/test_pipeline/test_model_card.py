@@ -1,4 +1,4 @@
-"""The package README's Hugging Face front matter (pipeline/build/model_card.py): parsed back with
+"""The package README's Hugging Face front matter (pipeline/builder/model_card.py): parsed back with
 PyYAML (installed with transformers), its keys, base_model only as the source names itself,
 license from the source, model-index only with eval results, the honest note on the reference
 backend kept; and a (fake-stage) build writes it."""
@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from pipeline.build.model_card import append_build_numbers, split_front_matter
+from raipack.builder.model_card import append_build_numbers, split_front_matter
 
 BODY = ("# m — raipack reference package (reference-16K)\n\n**The binary files (...) are in raipack's own documented open format. "
         "They are NOT loadable by AMD's proprietary Ryzen AI runtime.**\n")
@@ -98,13 +98,13 @@ def test_sdk_packages_get_no_reference_note(tmp_path):
 
 def test_a_build_writes_the_front_matter(tmp_path, monkeypatch):
     import fake_stages
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
-    from pipeline.validate import validate
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
+    from raipack.validate import validate
 
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("pipeline.build.stages.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
     monkeypatch.chdir(tmp_path)
     result = build(load(None, {"output": "build"}))
     meta, _ = split_front_matter((result.package / "README.md").read_text())

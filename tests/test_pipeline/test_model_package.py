@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from factory import reference_export, reference_package
-from pipeline.cli import main
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError
-from pipeline.modelpackage import layout, resolve
-from pipeline.modelpackage.assemble import assemble_model_package, assemble_model_packages
-from pipeline.validate import validate
+from raipack.cli import main
+from raipack.core import manifest
+from raipack.core.errors import RaipackError
+from raipack.modelpackage import layout, resolve
+from raipack.modelpackage.assemble import assemble_model_package, assemble_model_packages
+from raipack.validate import validate
 
 TARGETS = {"reference-4K": "1.8.0-npu-4K", "reference-16K": "1.8.0-npu-16K", "reference-1.8.0-hybrid": "1.8.0-hybrid"}
 KEY = "e" * 64
@@ -177,7 +177,7 @@ def test_assembly_refuses_what_it_cannot_package_and_leaves_nothing(built, tmp_p
 
 
 def test_a_zoo_holds_model_packages_beside_plain_packages(package, tmp_path):
-    from pipeline.validate import expand, validate_all
+    from raipack.validate import expand, validate_all
 
     zoo = tmp_path / "zoo"
     shutil.copytree(reference_package("reference-4K"), zoo / "plain")

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from factory import reference_export, write_manifest
-from pipeline.npu.profile import all_profiles, get
-from pipeline.npu.settings import NpuSettings, SettingsError
-from pipeline.validate import validate
+from raipack.npu.profile import all_profiles, get
+from raipack.npu.settings import NpuSettings, SettingsError
+from raipack.validate import validate
 
 REFERENCE = sorted(pid for pid, p in all_profiles().items() if p["target"] == "reference")
 
@@ -55,7 +55,7 @@ def test_a_context_below_every_tier_is_one_sentence():
 @pytest.fixture(scope="module")
 def fused_8192(reference_packages, tmp_path_factory):
     """The tiny reference model exported with 8192 positions (as SmolLM2), fused for reference-16K."""
-    from stages.fuse.reference import fuse
+    from raipack.stages.fuse.reference import fuse
 
     oga, quark = reference_export()
     base = tmp_path_factory.mktemp("ctx8192")
@@ -70,7 +70,7 @@ def fused_8192(reference_packages, tmp_path_factory):
 
 
 def test_a_package_of_8192_positions_passes_its_own_advice_and_runs(fused_8192):
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.reference import ReferenceRuntime
 
     pkg, report = fused_8192
     assert report["findings"] == [] and report["lengths"]["max_length"] == 8192

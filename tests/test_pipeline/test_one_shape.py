@@ -11,9 +11,9 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.findings import Finding
-from pipeline.npu.contract import io_contract
+from raipack.core.errors import RaipackError
+from raipack.core.findings import Finding
+from raipack.npu.contract import io_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 # Exceptions that never reach a user: each is caught where it is raised and becomes a finding or a RaipackError.
@@ -47,14 +47,15 @@ def test_contract_findings_are_findings():
 
 
 def _exception_classes():
-    """(module, class) for every exception class defined under pipeline/ and stages/."""
+    """(module, class) for every exception class defined under pipeline/ and stages/ (as the installed raipack names them)."""
     for path in sorted((ROOT / "pipeline").rglob("*.py")) + sorted((ROOT / "stages").rglob("*.py")):
         tree = ast.parse(path.read_text("utf-8"))
         names = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and any(
             isinstance(b, ast.Name) and (b.id.endswith(("Error", "Exception", "Refused", "Refusal", "Failed", "Crashed")) or b.id == "Exception")
             or isinstance(b, ast.Attribute) and b.attr.endswith("Error") for b in n.bases)]
         if names:
-            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            top, *rest = path.relative_to(ROOT).with_suffix("").parts  # pipeline/ installs as raipack, stages/ as raipack.stages
+            module = ".".join(["raipack", *(["stages"] if top == "stages" else []), *rest]).removesuffix(".__init__")
             yield module, names
 
 

@@ -1,12 +1,12 @@
-"""The folder a stage function writes into (pipeline.core.output.output_folder): new or empty,
+"""The folder a stage function writes into (raipack.core.output.output_folder): new or empty,
 never replaced, left as it was when the writer fails. Staging and swapping are the runner's."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.core.errors import RaipackError
-from pipeline.core.output import output_folder
+from raipack.core.errors import RaipackError
+from raipack.core.output import output_folder
 
 
 def test_a_missing_folder_is_created_and_written(tmp_path):

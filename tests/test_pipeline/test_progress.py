@@ -3,7 +3,7 @@
 import io
 import json
 
-from pipeline.build.progress import Progress
+from raipack.builder.progress import Progress
 
 
 def drive(mode):
@@ -25,7 +25,7 @@ def test_plain_prints_a_line_per_stage_and_nothing_for_a_short_step():
 
 
 def test_plain_prints_three_lines_at_most_for_a_long_step(monkeypatch):
-    from pipeline.build import progress
+    from raipack.builder import progress
 
     monkeypatch.setattr(progress, "PLAIN_AFTER_SECONDS", 0.0)  # every step counts as long
     text = drive("plain")

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.build import logs
-from pipeline.build.progress import Progress
+from raipack.builder import logs
+from raipack.builder.progress import Progress
 
 RAIPACK = str(Path(sys.executable).with_name("raipack"))
 

@@ -27,10 +27,10 @@ import pytest
 
 import fake_stages
 from factory import make_package, reference_package
-from pipeline.build import stages as stage_mod
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError
-from pipeline.validate import validate
+from raipack.builder import stages as stage_mod
+from raipack.core import manifest
+from raipack.core.errors import RaipackError
+from raipack.validate import validate
 
 pytestmark = [pytest.mark.xdist_group("ray")]  # one cluster for the module, on one xdist worker
 
@@ -139,7 +139,7 @@ def cluster():
 
 
 def connected(cluster: Cluster, nodes: int, cache_root=None):
-    from pipeline.batch.ray_executor import RayExecutor
+    from raipack.batch.ray_executor import RayExecutor
 
     ex = RayExecutor(cluster.address, cache_root=cache_root)
     cluster.wait_nodes(nodes)
@@ -149,7 +149,7 @@ def connected(cluster: Cluster, nodes: int, cache_root=None):
 # --------------------------------------------------------------------------- validate a zoo on the cluster
 
 def test_validate_zoo_on_the_cluster(cluster, tmp_path, monkeypatch, capsys):
-    from pipeline.cli import main
+    from raipack.cli import main
 
     zoo = tmp_path / "zoo"
     for i in range(4):
@@ -177,7 +177,7 @@ def refuse(arg: dict) -> dict:
 def test_executor_errors_and_resources(cluster):
     """A job's own error comes back as itself (its hint too), not wrapped in Ray's; a job that asks for a
     resource no node has is refused in one sentence naming it, instead of waiting forever."""
-    from pipeline.batch.ray_executor import task_options
+    from raipack.batch.ray_executor import task_options
 
     assert task_options({"memory": 3 * 2**30, "num_cpus": 2, "num_gpus": 0, "ryzenai_sdk": 1, "npu": 0}, 3) == {
         "num_cpus": 2, "memory": 3 * 2**30, "resources": {"ryzenai_sdk": 1}, "max_retries": 3, "retry_exceptions": False}
@@ -204,7 +204,7 @@ def test_executor_errors_and_resources(cluster):
 def fakes() -> dict:
     """The fake stages as the batch sees them, in the driver and in every Ray worker: quantize and export
     read no profile key (as the real ones), fuse writes the reference package of the entry's target."""
-    from pipeline.npu.profile import reference_for
+    from raipack.npu.profile import reference_for
 
     def target(job):
         return reference_for(job.profile)["id"]
@@ -220,7 +220,7 @@ def fake_stage_job(arg: dict) -> dict:
     fake_stages.install()
     stage_mod.get = fakes().__getitem__
     os.environ[fake_stages.PACKAGES_ENV] = arg["packages"]
-    from pipeline.batch.jobs import run_stage_job
+    from raipack.batch.jobs import run_stage_job
 
     job = arg["job"]
     with open(arg["signal"], "a") as fh:
@@ -260,11 +260,11 @@ def test_batch_on_the_cluster_survives_a_dead_node(cluster, tmp_path, monkeypatc
     """3 models x 2 profiles: 3 quantize jobs, not 6. The worker node is SIGKILLed while a quantize job runs
     on it; Ray retries that task on the head, every package is built and valid, and the cache holds only
     complete entries (each with its manifest; a staging folder left by the dead node never looks complete)."""
-    from pipeline.batch.run import run_batch
+    from raipack.batch.run import run_batch
 
-    monkeypatch.setattr("pipeline.build.stages.get", fakes().__getitem__)
-    monkeypatch.setattr("pipeline.batch.matrix.check_model_dir", lambda path, trust: path.resolve())
-    monkeypatch.setattr("pipeline.report.page.write_build_page", lambda *a, **kw: None)  # raipack build's, tested there
+    monkeypatch.setattr("raipack.builder.stages.get", fakes().__getitem__)
+    monkeypatch.setattr("raipack.batch.matrix.check_model_dir", lambda path, trust: path.resolve())
+    monkeypatch.setattr("raipack.report.page.write_build_page", lambda *a, **kw: None)  # raipack build's, tested there
     packages = reference_package("reference-16K").parent
     reference_package("reference-4K")
     monkeypatch.setenv(fake_stages.PACKAGES_ENV, str(packages))
@@ -311,7 +311,7 @@ def test_real_stages_run_as_ray_tasks(cluster, tiny_llama, tmp_path, monkeypatch
     """The real stages, not fakes, as Ray tasks on the cluster: the tiny model (RTN) for an NPU and a hybrid
     target shares one quantize and one export job; both packages come back valid, with the cache that every
     node sees (RAIPACK_CACHE) holding one complete entry per job."""
-    from pipeline.batch.run import exit_code, run_batch
+    from raipack.batch.run import exit_code, run_batch
 
     if "worker" not in cluster.nodes:
         cluster.start_worker()

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.data import load_data
+from raipack.cli import main
+from raipack.data import load_data
 
 SUPPORTED = load_data("architectures.json")["supported"]
 GLM_AUTO_MAP = {"AutoConfig": "configuration_chatglm.ChatGLMConfig", "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration"}

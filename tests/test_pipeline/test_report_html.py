@@ -15,11 +15,11 @@ import pytest
 
 import fake_stages
 from helpers import open_in_chromium
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
-from pipeline.cli import main
-from pipeline.core import manifest
-from pipeline.validate import validate
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
+from raipack.cli import main
+from raipack.core import manifest
+from raipack.validate import validate
 
 HOSTILE = '</td><script>console.error("planted")</script><img src=x onerror="console.error(1)">$\\alpha$'
 REPORTS = {  # what the real stages record, in their shapes (see a real build's report.json)
@@ -58,9 +58,9 @@ def built(tmp_path_factory, reference_packages):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAIPACK_CACHE", str(root / "cache"))
         mp.setenv(fake_stages.PACKAGES_ENV, str(reference_packages["reference-16K"].parent))
-        mp.setattr("pipeline.build.stages.get", fakes.__getitem__)
+        mp.setattr("raipack.builder.stages.get", fakes.__getitem__)
         mp.chdir(root)
-        from pipeline.build.progress import Progress
+        from raipack.builder.progress import Progress
 
         progress = Progress("plain")
         mp.setattr(progress, "line", lambda text, style="": lines.append(text))
@@ -86,13 +86,13 @@ def test_every_build_writes_report_html_listed_in_its_manifest(built):
 def test_a_build_without_matplotlib_warns_once_and_has_no_report_html(tmp_path, monkeypatch, reference_packages):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(fake_stages.PACKAGES_ENV, str(reference_packages["reference-16K"].parent))
-    monkeypatch.setattr("pipeline.build.stages.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     monkeypatch.chdir(tmp_path)
-    from pipeline.build.progress import Progress
+    from raipack.builder.progress import Progress
 
     progress, lines = Progress("plain"), []
     monkeypatch.setattr(progress, "line", lambda text, style="": lines.append(text))
@@ -104,8 +104,8 @@ def test_a_build_without_matplotlib_warns_once_and_has_no_report_html(tmp_path, 
 
 
 def test_two_renders_are_byte_identical(built):
-    from pipeline.report.collect import for_package
-    from pipeline.report.page import render
+    from raipack.report.collect import for_package
+    from raipack.report.page import render
 
     data = for_package(built[0])
     first, second = render(data), render(json.loads(json.dumps(data)))

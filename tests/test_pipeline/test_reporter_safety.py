@@ -20,8 +20,8 @@ import pytest
 
 from factory import make_package
 from helpers import edit_json, ryzen
-from pipeline.cli import main
-from pipeline.core.textsafe import LIMIT, safe, safe_tree
+from raipack.cli import main
+from raipack.core.textsafe import LIMIT, safe, safe_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 P16 = "1.8.0-npu-16K"
@@ -61,7 +61,7 @@ def evil_pkg(tmp_path_factory) -> Path:
 
 DRIVER = """
 import json, sys, traceback
-from pipeline.cli import main
+from raipack.cli import main
 for args in json.loads(sys.argv[1]):
     print("=== BEGIN", flush=True)
     try:

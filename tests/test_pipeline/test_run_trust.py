@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import edit_json, ryzen
-from pipeline.cli import main
+from raipack.cli import main
 
 PROMPT = "What is the capital of France?"
 
@@ -22,10 +22,10 @@ PROMPT = "What is the capital of France?"
 @pytest.fixture(scope="session")
 def package(tiny_quark, tmp_path_factory) -> Path:
     """A reference-4K package fused from the tiny Quark export, its manifest written by raipack (read-only)."""
-    from pipeline.core.manifest import write
-    from pipeline.npu.profile import get as get_profile
-    from stages.export.builder import export
-    from stages.fuse.reference import fuse
+    from raipack.core.manifest import write
+    from raipack.npu.profile import get as get_profile
+    from raipack.stages.export.builder import export
+    from raipack.stages.fuse.reference import fuse
 
     root = tmp_path_factory.mktemp("run-trust")
     quark = root / "quark"
@@ -135,7 +135,7 @@ def test_config_paths_outside_the_package_are_refused_before_opening(pkg, capsys
 
 FIFO_DRIVER = """
 import json, sys
-from pipeline.cli import main
+from raipack.cli import main
 for pkg in sys.argv[2:]:
     prompt = sys.argv[1] if pkg.endswith("utf8") else "hi"
     try:

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 import fake_stages
-from pipeline.build import cache
-from pipeline.build.recipe import load
-from pipeline.build.runner import StageFailed, build
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.validate import validate
+from raipack.builder import cache
+from raipack.builder.recipe import load
+from raipack.builder.runner import StageFailed, build
+from raipack.core import manifest
+from raipack.core.errors import RaipackError, UsageError
+from raipack.validate import validate
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def test_read_only_output_location(env, monkeypatch):
     ro.mkdir()
     os.chmod(ro, 0o555)
     # root ignores permission bits, so the check's answer is simulated too
-    monkeypatch.setattr("pipeline.build.runner.os.access", lambda path, mode: False)
+    monkeypatch.setattr("raipack.builder.runner.os.access", lambda path, mode: False)
     with pytest.raises(UsageError, match="not writable"):
         build(recipe(output=str(ro)))
     assert list(ro.iterdir()) == []
@@ -120,7 +120,7 @@ def test_reports_and_lineage_name_no_staging_folder(env, monkeypatch):
 
     def run(job):
         return {**real.run(job), "out_dir": str(job.workdir), "files": [str(job.workdir / "config.json")]}
-    monkeypatch.setattr("pipeline.build.stages.get", {**fake_stages.FAKES, "quantize": dataclasses.replace(real, run=run)}.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", {**fake_stages.FAKES, "quantize": dataclasses.replace(real, run=run)}.__getitem__)
     result = build(recipe())
     text = (result.package / "report.json").read_text()
     assert ".staging-" not in text
@@ -137,9 +137,9 @@ def test_the_runner_knows_stages_by_kind_not_by_name(env, monkeypatch):
     "package" the one assembled into the package."""
     new = {"source": "origin", "quantize": "q", "export": "x", "fuse": "pack", "smoke": "check"}
     fakes = {new[n]: dataclasses.replace(st, name=new[n], inputs=tuple(new[i] for i in st.inputs)) for n, st in fake_stages.FAKES.items()}
-    monkeypatch.setattr("pipeline.build.stages.order", lambda: list(fakes))
-    monkeypatch.setattr("pipeline.build.stages.get", fakes.__getitem__)
-    monkeypatch.setattr("pipeline.build.runner.check_model_dir", lambda path, trust: path.resolve())
+    monkeypatch.setattr("raipack.builder.stages.order", lambda: list(fakes))
+    monkeypatch.setattr("raipack.builder.stages.get", fakes.__getitem__)
+    monkeypatch.setattr("raipack.builder.runner.check_model_dir", lambda path, trust: path.resolve())
     (env / "MyModel").mkdir()
     result = build(recipe(model=str(env / "MyModel")))
     assert calls(env) == ["q", "x", "pack", "check"]  # the model folder stands in for "origin"
@@ -163,8 +163,8 @@ KILL_SCRIPT = """
 import json, sys
 import fake_stages
 fake_stages.install()
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
 fake_stages.log_phase("begin")
 result = build(load(None, json.loads(sys.argv[1])))
 fake_stages.log_phase("end")

@@ -28,7 +28,7 @@ import pytest
 
 from factory import reference_export, reference_package
 from helpers import edit_json
-from pipeline.runtime.run import calls_text
+from raipack.runtime.run import calls_text
 
 NEW = 8  # new tokens per prompt: at 4090 the last step runs position 4096, past the largest prefill tier
 ATOL = 1e-4
@@ -87,7 +87,7 @@ def oga_runs(oga_model):
 
 @pytest.fixture(scope="module")
 def runtime():
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.reference import ReferenceRuntime
 
     return ReferenceRuntime(reference_package("reference-16K"), threads=2)
 
@@ -97,8 +97,8 @@ def tuned(tmp_path_factory):
     """A copy of reference-16K tuned by `raipack tune --chunk-size 512` (tune refuses a package whose
     manifest records genai_config.json, so the copy has none), with rai_config.json's prompt cap
     raised to 8192 so a prompt may exceed the largest prefill tier; loaded in the reference runtime."""
-    from pipeline import tune
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack import tune
+    from raipack.runtime.reference import ReferenceRuntime
 
     pkg = tmp_path_factory.mktemp("tuned") / "reference-16K"
     shutil.copytree(reference_package("reference-16K"), pkg, ignore=shutil.ignore_patterns("manifest.json"))

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from factory import params, real_size_package, write_json
-from pipeline.npu.genai import ryzenai_options
-from pipeline.validate import validate
+from raipack.npu.genai import ryzenai_options
+from raipack.validate import validate
 from seed_models import FAMILIES, PACKAGES
 
 GiB = 1024**3

@@ -1,11 +1,11 @@
-"""pipeline.build.swap: the final name never holds a partial folder, with and without RENAME_EXCHANGE."""
+"""raipack.builder.swap: the final name never holds a partial folder, with and without RENAME_EXCHANGE."""
 
 import os
 
 import pytest
 
-from pipeline.build import swap
-from pipeline.core import manifest
+from raipack.builder import swap
+from raipack.core import manifest
 
 
 def finished(folder, text):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from helpers import edit_json, ryzen
-from pipeline.cli import main
-from pipeline.core.errors import RaipackError
-from pipeline.tune import apply, plan
-from pipeline.validate import validate
+from raipack.cli import main
+from raipack.core.errors import RaipackError
+from raipack.tune import apply, plan
+from raipack.validate import validate
 
 P16, P4, P16_OLD = "1.8.0-npu-16K", "1.8.0-npu-4K", "1.7.1-npu-16K"
 GENAI = "genai_config.json"
@@ -150,7 +150,7 @@ def replace(src, dst):
         os.kill(os.getpid(), signal.SIGKILL)  # killed after the temp file is written, before the rename
     real_replace(src, dst)
 os.replace = replace
-from pipeline.cli import main
+from raipack.cli import main
 main(["tune", sys.argv[1], "--max-length", "8192"])
 """
 
@@ -253,7 +253,7 @@ def test_round_trip_in_a_folder_without_rai_in_its_name(make_pkg, capsys):
 HUGE_GENAI = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # reading the file whole would need 2 GiB and more
-from pipeline.cli import main
+from raipack.cli import main
 main(["tune", sys.argv[1], "--max-length", "8192"])
 """
 

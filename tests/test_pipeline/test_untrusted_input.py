@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from factory import write_safetensors
-from pipeline.build.inputs import check_model_dir
-from pipeline.core.errors import UsageError
-from pipeline.validate import validate
+from raipack.builder.inputs import check_model_dir
+from raipack.core.errors import UsageError
+from raipack.validate import validate
 
 
 class Boom:
@@ -229,7 +229,7 @@ BAD = [  # (id, files, names in the sentence)
 
 
 def build_cli(capsys, monkeypatch, tmp_path, model):
-    from pipeline.cli import main
+    from raipack.cli import main
 
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     t0 = time.perf_counter()
@@ -350,7 +350,7 @@ def crashing_quantize(monkeypatch, exc: BaseException):
     """The quantize stage, its run replaced by one raising `exc`."""
     import dataclasses
 
-    from pipeline.build import stages
+    from raipack.builder import stages
 
     real = stages.get
 
@@ -380,8 +380,8 @@ def test_memory_error_in_a_stage_is_a_sentence_about_memory(tmp_path, capsys, mo
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
 def test_interrupt_and_exit_in_a_stage_pass_through(tmp_path, monkeypatch, transformers_loaded, exc):
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
 
     crashing_quantize(monkeypatch, exc())
     recipe = load(None, {"model": str(model_folder(tmp_path)), "output": str(tmp_path / "out")})

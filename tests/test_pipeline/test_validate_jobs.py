@@ -14,7 +14,7 @@ import pytest
 
 from factory import make_package
 from helpers import edit_json, run_cli, ryzen
-from pipeline.validate import expand, validate_all
+from raipack.validate import expand, validate_all
 
 P16 = "1.8.0-npu-16K"
 P4 = "1.8.0-npu-4K"
@@ -112,7 +112,7 @@ def test_any_executor_runs_the_validations(zoo):
 
 def test_ray_is_imported_only_for_executor_ray(zoo, tmp_path):
     """The light install: `--jobs` uses no ray; `--executor ray` without ray is one sentence, exit 2."""
-    code = ("import sys\nfrom pipeline.cli import main\n"
+    code = ("import sys\nfrom raipack.cli import main\n"
             "block = sys.argv[1] == 'block'\n"
             "if block: sys.modules['ray'] = None\n"
             "try:\n    main(sys.argv[2:])\n"

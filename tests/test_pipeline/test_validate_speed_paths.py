@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from factory import reference_package
 from helpers import edit_json
-from pipeline.core import onnxproto, protowire
-from pipeline.npu.contract import external_data_refs
-from pipeline.validate import validate
+from raipack.core import onnxproto, protowire
+from raipack.npu.contract import external_data_refs
+from raipack.validate import validate
 
 P16 = "reference-16K"
 _OPENED: list[set[str]] = []  # the files opened or mapped while one _read_during runs
@@ -81,17 +81,17 @@ def test_validate_imports_neither_onnx_nor_rich():
     """The graph is parsed with onnx's generated messages only: `import onnx` (numpy, onnx.helper, the
     operator schemas) costs more than the rest of a validation, and rich is only for the build's bars."""
     pkg = reference_package(P16)
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "pipeline.cli", "validate", str(pkg)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "raipack.cli", "validate", str(pkg)], capture_output=True, text=True)
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert proc.returncode == 0 and "ok:" in proc.stdout, proc.stdout + proc.stderr[-2000:]
-    assert {"pipeline.npu.graph", "google.protobuf.descriptor_pool"} <= imported  # the graph reader ran, on protobuf
+    assert {"raipack.npu.graph", "google.protobuf.descriptor_pool"} <= imported  # the graph reader ran, on protobuf
     assert not {"onnx", "onnx.helper", "rich"} & imported, sorted(imported)
 
 
 def test_messages_are_onnx_own_when_onnx_is_imported_later():
     """A ModelProto parsed before `import onnx` is an onnx.ModelProto: one module, one set of classes."""
     graph = reference_package(P16) / "model.onnx"
-    code = ("import sys; from pipeline.core import onnxproto\n"
+    code = ("import sys; from raipack.core import onnxproto\n"
             "m = onnxproto.load_model(open(sys.argv[1], 'rb').read())\n"
             "assert 'onnx' not in sys.modules\n"
             "import onnx\n"

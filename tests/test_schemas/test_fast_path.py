@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from factory import reference_package
-from pipeline.checks.jsonfiles import SCHEMA_OF_ROLE
-from pipeline.core import schemas
-from pipeline.core.errors import RaipackError
-from pipeline.core.package import role_of
+from raipack.checks.jsonfiles import SCHEMA_OF_ROLE
+from raipack.core import schemas
+from raipack.core.errors import RaipackError
+from raipack.core.package import role_of
 
 HERE = Path(__file__).parent
 PROFILES = HERE.parent.parent / "pipeline" / "profiles"
@@ -47,7 +47,7 @@ def examples() -> list[tuple[str, str, object]]:
 
 def shipped_profiles() -> list[tuple[str, str, object]]:
     """Every profile file as written and as the code sees it (`extends` resolved, model overrides applied)."""
-    from pipeline.npu import profile
+    from raipack.npu import profile
 
     out = [("profile", f"file/{p.stem}", json.loads(p.read_text("utf-8"))) for p in sorted(PROFILES.glob("*.json"))]
     for pid, prof in sorted(profile.all_profiles().items()):
@@ -252,7 +252,7 @@ def test_each_schema_is_compiled_once():
 
 
 def test_unknown_schema_is_a_usage_error_on_the_fast_path_too():
-    from pipeline.core.errors import UsageError
+    from raipack.core.errors import UsageError
 
     with pytest.raises(UsageError, match="no schema named 'nope'"):
         schemas.fast_validator("nope")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from pipeline.core import schemas
-from pipeline.core.errors import UsageError
+from raipack.core import schemas
+from raipack.core.errors import UsageError
 
 HERE = Path(__file__).parent
 SIDECAR = "expected.json"
@@ -86,7 +86,7 @@ def test_repo_fallback_folder_holds_every_schema():
 
 def test_shipped_profiles_validate():
     """Every profile as the code sees it (`extends` resolved, each model override applied)."""
-    from pipeline.npu import profile
+    from raipack.npu import profile
 
     folder = HERE.parent.parent / "pipeline" / "profiles"
     assert sorted(profile.raw_profiles()) == sorted(p.stem for p in folder.glob("*.json"))
@@ -97,7 +97,7 @@ def test_shipped_profiles_validate():
 
 
 def test_profile_derivation_merges_objects_and_replaces_the_rest():
-    from pipeline.npu import profile
+    from raipack.npu import profile
 
     merged = profile.merge({"a": {"x": 1, "y": [1, 2]}, "b": 1}, {"a": {"y": [3]}, "c": 2})
     assert merged == {"a": {"x": 1, "y": [3]}, "b": 1, "c": 2}

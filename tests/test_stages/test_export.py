@@ -11,13 +11,13 @@ import numpy as np
 import onnx
 import pytest
 
-from shared_fixtures import HELDOUT_TEXT, PROMPTS
-from stages.export import contract
-from stages.export.contract import (
+from raipack.stages.export import contract
+from raipack.stages.export.contract import (
     external_data_refs,
     io_contract,
     matmulnbits_agreement,
 )
+from shared_fixtures import HELDOUT_TEXT, PROMPTS
 
 
 def _load(folder: Path) -> onnx.ModelProto:
@@ -39,7 +39,7 @@ def _pointers(findings) -> set[str]:
 def _output_errors(folder: Path) -> list:
     """The export's output check as the build runner runs it: `raipack validate` with the
     oga-export profile; its error-level findings."""
-    from pipeline.validate import validate
+    from raipack.validate import validate
 
     return [f for f in validate(folder, "oga-export").findings if f.severity == "error"]
 
@@ -88,8 +88,8 @@ def test_builder_quantization_of_lm_head_is_caught(oga_quantized_head, tiny_quar
 def test_export_writes_only_into_a_new_or_empty_folder_and_rejects_non_quark(tiny_quark, tmp_path):
     """export() never replaces a folder (the build runner stages and swaps) and writes nothing beside it,
     its builder's scratch cache included."""
-    from pipeline.core.errors import RaipackError
-    from stages.export.builder import export
+    from raipack.core.errors import RaipackError
+    from raipack.stages.export.builder import export
 
     out = tmp_path / "oga"
     out.mkdir()
@@ -109,8 +109,8 @@ def test_export_writes_only_into_a_new_or_empty_folder_and_rejects_non_quark(tin
 
 
 def test_hybrid_profile_export_runs_with_position_ids(tiny_quark, tmp_path, oga_default):
-    from pipeline.runtime.ortloop import OrtDecoder
-    from stages.export.builder import PROFILES, export
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.stages.export.builder import PROFILES, export
 
     out = tmp_path / "hybrid"
     export(tiny_quark.quark_dir, out, **PROFILES["hybrid"])
@@ -241,7 +241,7 @@ def test_name_mapping_helpers():
 def test_ortdecoder_matches_onnxruntime_genai(oga_default, tiny_quark):
     import onnxruntime_genai as og
 
-    from pipeline.runtime.ortloop import OrtDecoder
+    from raipack.runtime.ortloop import OrtDecoder
 
     folder, _ = oga_default
     dec = OrtDecoder(folder, threads=2)
@@ -266,7 +266,7 @@ def test_ortdecoder_matches_onnxruntime_genai(oga_default, tiny_quark):
 
 
 def test_parity_with_transformers(oga_default, tiny_quark):
-    from stages.export.parity import parity
+    from raipack.stages.export.parity import parity
 
     report = parity(tiny_quark.quark_dir, oga_default[0], PROMPTS, HELDOUT_TEXT, steps=32)
     assert report["greedy_identical"], [(p["tokens_onnx"], p["tokens_transformers"]) for p in report["prompts"]]
@@ -280,7 +280,7 @@ def test_parity_with_transformers(oga_default, tiny_quark):
 
 
 def test_excluded_nodes_follow_quark_patterns(tiny_quark):
-    from stages.export.builder import excluded_nodes
+    from raipack.stages.export.builder import excluded_nodes
 
     config = json.loads((tiny_quark.quark_dir / "config.json").read_text())
     qc = dict(tiny_quark.quant_config, exclude=["lm_head", "*.layers.1.mlp.down_proj"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.npu import formats
+from raipack.npu import formats
 from shared_fixtures import TRAIN_TEXT
 
 STEPS = 64
@@ -30,7 +30,7 @@ TOL = 1e-3
 @pytest.fixture(scope="session")
 def oga16k(tiny_quark, tmp_path_factory) -> Path:
     """The tiny Quark export with a 16K context, exported with the OGA builder (int4, cpu)."""
-    from stages.export.builder import export
+    from raipack.stages.export.builder import export
 
     root = tmp_path_factory.mktemp("fuse-oga")
     quark = root / "quark"
@@ -46,8 +46,8 @@ def oga16k(tiny_quark, tmp_path_factory) -> Path:
 def packages(oga16k, tmp_path_factory) -> dict:
     """profile id → (package folder, fuse report); manifest written as the runner would."""
     from factory import write_manifest
-    from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
+    from raipack.npu.profile import get as get_profile
+    from raipack.stages.fuse.reference import fuse
 
     root = tmp_path_factory.mktemp("fuse-pkg")
     out = {}
@@ -74,7 +74,7 @@ def prompt_ids(oga16k):
 @pytest.fixture(scope="session")
 def reference(oga16k):
     """greedy(prompt) → (tokens, logits rows) of the unfused export, cached per prompt."""
-    from pipeline.runtime.ortloop import OrtDecoder
+    from raipack.runtime.ortloop import OrtDecoder
 
     dec = OrtDecoder(oga16k, threads=2)
     cache = {}
@@ -90,7 +90,7 @@ def reference(oga16k):
 
 @pytest.fixture(scope="session")
 def runtimes(packages):
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.reference import ReferenceRuntime
 
     return {pid: ReferenceRuntime(pkg, threads=2) for pid, (pkg, _) in packages.items()}
 
@@ -102,7 +102,7 @@ def _copy(pkg: Path, tmp_path: Path) -> Path:
 
 
 def _validate(pkg: Path, **kw):
-    from pipeline.validate import validate
+    from raipack.validate import validate
 
     return validate(pkg, **kw)
 
@@ -127,7 +127,7 @@ def _assert_parity(rt, reference, prompt, steps: int = STEPS):
 @pytest.mark.parametrize("pid", ["reference-4K", "reference-16K"])
 def test_package_layout_and_report(packages, pid):
     pkg, report = packages[pid]
-    from pipeline.npu.profile import get as get_profile
+    from raipack.npu.profile import get as get_profile
 
     profile = get_profile(pid)
     assert report["findings"] == [] and report["npu_complete"]
@@ -191,7 +191,7 @@ def test_header_indexes_model_bin(packages):
 
 
 def test_cache_meta_files_pass_schema_and_name_consts(packages):
-    from pipeline.core import schemas
+    from raipack.core import schemas
 
     pkg, report = packages["reference-4K"]
     metas = sorted((pkg / "cache").glob("*_meta.json"))
@@ -207,15 +207,15 @@ def test_cache_meta_files_pass_schema_and_name_consts(packages):
 
 
 def _schedule(pkg: Path, phase: str):
-    from pipeline.npu import plans
+    from raipack.npu import plans
 
     raw = (pkg / plans.schedule_rel("decoder", phase)).read_bytes()
     return json.loads(raw), formats.sha256_hex(raw)
 
 
 def test_plans_follow_schema_and_never_overlap(packages):
-    from pipeline.core import schemas
-    from pipeline.npu import plans
+    from raipack.core import schemas
+    from raipack.npu import plans
 
     pkg, _ = packages["reference-16K"]
     prepared = {}
@@ -255,7 +255,7 @@ def test_plans_follow_schema_and_never_overlap(packages):
 
 def test_schedule_shapes_are_derived_not_guessed():
     """A dimension that is neither constant nor S nor T cannot be shared: the fuse stage refuses it."""
-    from pipeline.npu import plans
+    from raipack.npu import plans
 
     io = {"input_ids": "ids", "attention_mask": "mask", "logits": "logits", "past": [], "present": []}
     steps = [{"node": "n", "op_type": "Op", "device": "cpu", "inputs": ["ids", "mask"], "outputs": ["logits"], "scratch": 0}]
@@ -287,9 +287,9 @@ def test_npu_checks_are_noops_on_other_packages(make_pkg):
 
 def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path):
     """fuse() writes into its folder and nothing beside it; staging and swapping are the runner's."""
-    from pipeline.core.errors import RaipackError
-    from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
+    from raipack.core.errors import RaipackError
+    from raipack.npu.profile import get as get_profile
+    from raipack.stages.fuse.reference import fuse
 
     out = tmp_path / "pkg"
     out.mkdir()
@@ -308,9 +308,9 @@ def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path)
 
 
 def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_ids, reference):
-    from pipeline.npu.profile import get as get_profile
-    from pipeline.runtime.reference import ReferenceRuntime
-    from stages.fuse.reference import fuse
+    from raipack.npu.profile import get as get_profile
+    from raipack.runtime.reference import ReferenceRuntime
+    from raipack.stages.fuse.reference import fuse
 
     profile = copy.deepcopy(get_profile("reference-4K"))
     profile["quantization"]["allowed_group_sizes"] = [32, 64]  # the export has block_size 128
@@ -326,9 +326,9 @@ def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_
 
 
 def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path):
-    from pipeline.core.errors import RaipackError
-    from pipeline.npu.profile import get as get_profile
-    from stages.fuse.reference import fuse
+    from raipack.core.errors import RaipackError
+    from raipack.npu.profile import get as get_profile
+    from raipack.stages.fuse.reference import fuse
 
     folder, _ = oga_default
     short = tmp_path / "short"
@@ -344,11 +344,11 @@ def test_context_too_short_for_every_token_tier_is_refused(oga_default, tmp_path
 def test_quantized_lm_head_becomes_a_fused_qmatmul(oga16k, tmp_path, reference, prompt_ids):
     """The builder's own int4 lm_head (shared with a GatherBlockQuantized embedding) is fused as
     QMatMul; its weights, also read by the CPU-side embedding, stay in model.onnx.data."""
-    from pipeline.npu.profile import get as get_profile
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.runtime.reference import ReferenceRuntime
-    from stages.export.builder import export
-    from stages.fuse.reference import fuse
+    from raipack.npu.profile import get as get_profile
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.runtime.reference import ReferenceRuntime
+    from raipack.stages.export.builder import export
+    from raipack.stages.fuse.reference import fuse
 
     oga = tmp_path / "oga"
     export(oga16k.parent / "quark", oga, keep_excluded_float=False)
@@ -400,9 +400,9 @@ def test_parity_short_prompt_16k(runtimes, reference, prompt_ids):
 def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
     """A profile whose max_prompt_length exceeds its largest prefill tier: prompts run in chunks of
     chunk_size, the last one padded to its tier, the KV window growing between chunks."""
-    from pipeline.npu.profile import get as get_profile
-    from pipeline.runtime.reference import ReferenceRuntime
-    from stages.fuse.reference import fuse
+    from raipack.npu.profile import get as get_profile
+    from raipack.runtime.reference import ReferenceRuntime
+    from raipack.stages.fuse.reference import fuse
 
     profile = copy.deepcopy(get_profile("reference-16K"))
     profile["buckets"] = {"prefill": [128, 256], "token": [512, 1024, 2048]}
@@ -428,7 +428,7 @@ def test_prefill_logits_match_reference(runtimes, reference, prompt_ids):
 
 
 def test_refusals_are_one_sentence(runtimes, prompt_ids, packages):
-    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
+    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
 
     rt4, rt16 = runtimes["reference-4K"], runtimes["reference-16K"]
     with pytest.raises(RuntimeRefusal, match=r"prompt of 4097 tokens exceeds the package's maximum prompt length of 4096") as info:
@@ -448,7 +448,7 @@ def test_refusals_are_one_sentence(runtimes, prompt_ids, packages):
 
 
 def test_flipped_byte_in_model_bin_is_caught(packages, tmp_path):
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     header = formats.read_header(pkg / "model.pb.bin")
@@ -467,7 +467,7 @@ def test_flipped_byte_in_model_bin_is_caught(packages, tmp_path):
 
 
 def test_swapped_weights_file_is_caught(packages, tmp_path):
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     shutil.copyfile(packages["reference-16K"][0] / "model.bin", pkg / "model.bin")  # longer rotary tables
@@ -477,8 +477,8 @@ def test_swapped_weights_file_is_caught(packages, tmp_path):
 
 
 def test_missing_tier_is_caught(packages, tmp_path):
-    from pipeline.npu.profile import get as get_profile
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.npu.profile import get as get_profile
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-16K"][0], tmp_path)
     tier = 8064  # a token tier of the 1.8.0 16K profile
@@ -492,7 +492,7 @@ def test_missing_tier_is_caught(packages, tmp_path):
 
 
 def test_edited_header_is_caught(packages, tmp_path):
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     src = packages["reference-4K"][0]
     # 1. an edit that does not update the header's own sha256
@@ -516,7 +516,7 @@ def test_edited_header_is_caught(packages, tmp_path):
 
 
 def test_edited_plan_is_caught(packages, tmp_path):
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     path = pkg / "dd_metastate_Llm_Prefill_decoder_256.plan"
@@ -531,8 +531,8 @@ def test_edited_plan_is_caught(packages, tmp_path):
 
 def test_edited_schedule_is_caught(packages, tmp_path):
     """The .state chain covers the shared schedule: each plan records its sha256."""
-    from pipeline.npu import plans
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.npu import plans
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     path = pkg / plans.schedule_rel("decoder", "token")
@@ -550,7 +550,7 @@ def test_edited_schedule_is_caught(packages, tmp_path):
 def test_version_1_plan_is_refused_with_one_sentence(packages, tmp_path):
     """A package built by an older raipack (plans of format version 1) is refused by validate and by
     the runtime with one sentence that says to rebuild."""
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = _copy(packages["reference-4K"][0], tmp_path)
     for path in pkg.glob("dd_metastate_*.plan"):
@@ -600,7 +600,7 @@ def test_assign_offsets_never_overlaps_live_buffers():
     for k in range(200):
         a = int(rng.integers(0, 50))
         bufs.append({"name": f"t{k}", "size": int(rng.integers(1, 5000)), "first_step": a, "last_step": a + int(rng.integers(0, 10))})
-    from pipeline.npu import plans
+    from raipack.npu import plans
 
     size = plans.assign_offsets(bufs)
     for x in bufs:
@@ -617,7 +617,7 @@ def test_overlap_check_finds_every_live_overlap_without_numpy(packages):
     import subprocess
     import sys
 
-    from pipeline.npu import plans
+    from raipack.npu import plans
 
     pkg, _ = packages["reference-16K"]
     doc, _ = _schedule(pkg, "prefill")
@@ -633,7 +633,7 @@ def test_overlap_check_finds_every_live_overlap_without_numpy(packages):
         assert {frozenset(p) for p in got} == {frozenset(p) for p in want} and len(got) == len(want) // 2
         found += len(got)
     assert found  # the random arenas did overlap
-    code = ("import json, sys; from pipeline.npu import plans\n"
+    code = ("import json, sys; from raipack.npu import plans\n"
             "s = plans.Schedule(json.load(open(sys.argv[1])))\n"
             "print(s.overlaps([0] * len(s.names), [64] * len(s.names)) != [], 'numpy' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code, str(pkg / plans.schedule_rel("decoder", "prefill"))], capture_output=True, text=True)
@@ -650,7 +650,7 @@ def test_a_validation_reads_the_header_and_small_metastate_files_once(monkeypatc
     import os
 
     from factory import reference_package
-    from pipeline.validate import validate
+    from raipack.validate import validate
 
     pkg = reference_package("reference-16K").resolve()
     opened: collections.Counter = collections.Counter()
@@ -675,7 +675,7 @@ def test_a_validation_reads_the_header_and_small_metastate_files_once(monkeypatc
 def test_target_without_reference_profile_is_refused_before_any_stage_runs(tiny_llama, tmp_path, monkeypatch, capsys):
     """The reference backend builds only targets with a reference profile (1.7.1/1.8.0 NPU and hybrid);
     an older hybrid target is refused up front, not after minutes of quantizing."""
-    from pipeline.cli import main
+    from raipack.cli import main
 
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SystemExit) as info:

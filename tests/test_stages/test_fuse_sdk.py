@@ -15,14 +15,14 @@ import pytest
 
 import fake_stages
 from factory import make_package
-from pipeline.build import cache
-from pipeline.build.recipe import load
-from pipeline.build.runner import StageFailed, build
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.npu.profile import get
-from stages.fuse import sdk
-from stages.fuse.stage import STAGE as FUSE
-from stages.fuse.stage import FuseConfig, choose_backend, preflight
+from raipack.builder import cache
+from raipack.builder.recipe import load
+from raipack.builder.runner import StageFailed, build
+from raipack.core.errors import RaipackError, UsageError
+from raipack.npu.profile import get
+from raipack.stages.fuse import sdk
+from raipack.stages.fuse.stage import STAGE as FUSE
+from raipack.stages.fuse.stage import FuseConfig, choose_backend, preflight
 
 FAKE_MODULE = '''
 import json, os, shutil
@@ -206,7 +206,7 @@ def runner_env(fake_sdk, tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "stage-calls.txt")
     fuse = dataclasses.replace(FUSE, tools=())  # no onnx/onnxruntime version lookups: this is about the output
-    monkeypatch.setattr("pipeline.build.stages.get", {**fake_stages.FAKES, "fuse": fuse}.__getitem__)
+    monkeypatch.setattr("raipack.builder.stages.get", {**fake_stages.FAKES, "fuse": fuse}.__getitem__)
     monkeypatch.setenv("FAKE_MG_PACKAGE", str(make_package(tmp_path / "amd", "1.8.0-npu-16K", name="pkg")))
     return tmp_path
 

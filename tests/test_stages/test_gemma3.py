@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.build.recipe import load
-from pipeline.build.runner import build
-from pipeline.validate import validate
+from raipack.builder.recipe import load
+from raipack.builder.runner import build
+from raipack.validate import validate
 from seed_models import FAMILIES, make_tiny_model, tiny_config
 from shared_fixtures import TRAIN_TEXT
 
@@ -99,8 +99,8 @@ def test_decode_across_the_window_matches_the_export(gemma, profile):
     """A prompt inside the window whose generation runs past it: the sliding layers stop seeing the first tokens."""
     from tokenizers import Tokenizer
 
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.runtime.reference import ReferenceRuntime
 
     result = gemma[profile]
     pkg = Path(result.package)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from factory import reference_export, reference_package, write_json
-from pipeline.npu import profile as profiles
-from pipeline.validate import validate
+from raipack.npu import profile as profiles
+from raipack.validate import validate
 
 RELEASES = ("1.8.0", "1.7.1")
 HYBRID_FILES = ("model_jit.onnx", "model_jit.onnx.data", "model_jit.bin", "model_jit.pb.bin", "genai_config.json", "rai_config.json", "config.json")
@@ -78,8 +78,8 @@ def test_without_its_manifest_the_hybrid_header_still_names_its_profile(tmp_path
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_reference_runtime_runs_hybrid_token_identical_to_the_export(release):
-    from pipeline.runtime.ortloop import OrtDecoder
-    from pipeline.runtime.reference import ReferenceRuntime
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.runtime.reference import ReferenceRuntime
 
     rt = ReferenceRuntime(reference_package(f"reference-{release}-hybrid"), threads=2)
     assert rt.prefill_tiers == [] and rt.token_tiers == [] and rt.plans == {}
@@ -95,7 +95,7 @@ def test_reference_runtime_runs_hybrid_token_identical_to_the_export(release):
 
 
 def test_raipack_run_answers_a_hybrid_package(capsys):
-    from pipeline.cli import main
+    from raipack.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["run", str(reference_package("reference-1.8.0-hybrid")), "--prompt", "Paris is the capital of", "--max-new-tokens", "4"])
@@ -105,7 +105,7 @@ def test_raipack_run_answers_a_hybrid_package(capsys):
 
 
 def test_hybrid_runtime_refuses_a_prompt_longer_than_one_pass(tmp_path):
-    from pipeline.runtime.reference import ReferenceRuntime, RuntimeRefusal
+    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
 
     rt = ReferenceRuntime(reference_package("reference-1.8.0-hybrid"), threads=1, verify="sizes")
     with pytest.raises(RuntimeRefusal, match="maximum prompt length of 4096"):
@@ -151,7 +151,7 @@ def test_hybrid_seq_length_beyond_its_pass_is_reported(tmp_path):
 def _copying_stage(name: str, source: Path, kind: str, inputs: tuple, profile_id: str):
     from dataclasses import dataclass
 
-    from pipeline.core.stage import Stage
+    from raipack.core.stage import Stage
 
     @dataclass(frozen=True)
     class Config:
@@ -169,9 +169,9 @@ def _copying_stage(name: str, source: Path, kind: str, inputs: tuple, profile_id
 def test_build_for_a_hybrid_target_runs_fuse_and_smoke(tmp_path, monkeypatch, release):
     """`raipack build --profile <release>-hybrid`: the real fuse (reference backend) and smoke stages
     through the runner; the package is validated as its reference profile and matches the export."""
-    from pipeline.build import stages
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
+    from raipack.builder import stages
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
 
     oga, quark = reference_export()
     real = stages.get
@@ -193,7 +193,7 @@ def test_build_for_a_hybrid_target_runs_fuse_and_smoke(tmp_path, monkeypatch, re
 
 
 def test_hybrid_runtime_refuses_a_pass_beyond_its_kv_buffer(tmp_path):
-    from pipeline.runtime.reference import PackageError, ReferenceRuntime
+    from raipack.runtime.reference import PackageError, ReferenceRuntime
 
     pkg = shutil.copytree(reference_package("reference-1.8.0-hybrid"), tmp_path / "pkg")
     set_options(pkg, hybrid_opt_max_seq_length="8192")

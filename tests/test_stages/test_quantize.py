@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import RaipackError
-from pipeline.data import HELDOUT_TEXT as HELDOUT
-from stages.quantize.calibration import (
+from raipack.core.errors import RaipackError
+from raipack.data import HELDOUT_TEXT as HELDOUT
+from raipack.stages.quantize.calibration import (
     DEFAULT_CALIBRATION,
     read_texts,
     tokenize_texts,
 )
-from stages.quantize.preflight import GroupSizeError, check_group_size, resolve_group_size
-from stages.quantize.quark_awq import quantize
-from stages.quantize.runtime import apply_runtime_settings, runtime_env
+from raipack.stages.quantize.preflight import GroupSizeError, check_group_size, resolve_group_size
+from raipack.stages.quantize.quark_awq import quantize
+from raipack.stages.quantize.runtime import apply_runtime_settings, runtime_env
 
 
 def config_of(path: Path) -> dict:
@@ -180,7 +180,7 @@ def test_runtime_settings(monkeypatch):
 
 RELEASE_PROBE = """
 import ctypes, os
-from stages.quantize.runtime import apply_runtime_settings, release_memory
+from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory
 apply_runtime_settings(threads=1)
 if os.environ.get("RELEASE") == "1":
     assert release_memory() is True
@@ -356,7 +356,7 @@ def test_gptq_export_format_and_progress(src_with_extras, tmp_path):
 def test_awq_export_reloads_and_generates(awq_export):
     import torch
 
-    from stages.quantize.quality import greedy_answer, load_hf, perplexity
+    from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
 
     out, _, _ = awq_export
     model, tokenizer = load_hf(out)

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import RaipackError
-from pipeline.npu import profile as profiles
-from pipeline.validate import validate
+from raipack.core.errors import RaipackError
+from raipack.npu import profile as profiles
+from raipack.stages.quantize import awq_groups
+from raipack.stages.quantize.memory import Shape
+from raipack.stages.quantize.preflight import linear_shapes, resolve_lm_head
+from raipack.stages.quantize.quark_awq import quantize
+from raipack.validate import validate
 from seed_models import FAMILIES, make_tiny_model
-from stages.quantize import awq_groups
-from stages.quantize.memory import Shape
-from stages.quantize.preflight import linear_shapes, resolve_lm_head
-from stages.quantize.quark_awq import quantize
 
 QUARK = pytest.mark.xdist_group("quark-families")
 # What AWQ must scale per model type: prev_op -> linears (Quark's AWQ_MAP, or data/awq.json for qwen3).
@@ -66,8 +66,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built_lm_head_32(models, tmp_path_factory):
     """The BuildResult of the Qwen2.5 stand-in with [quantize] lm_head = 32, through every stage."""
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
 
     root = tmp_path_factory.mktemp("qfam-build")
     recipe = load(None, {"model": str(models(BUILT)), "name": "Qwen2.5-tiny-lmhead-g32", "profile": PROFILE, "output": str(root / "build"),
@@ -107,7 +107,7 @@ def _qc(out: Path) -> dict:
 @pytest.mark.parametrize("model_type", sorted({spec["config"]["model_type"] for spec in FAMILIES.values()}))
 def test_awq_groups_configured_for_every_model_type(model_type):
     """Every family's model type has AWQ scaling groups (Quark's or raipack's), the expected ones."""
-    from pipeline.core.quark_import import import_quark
+    from raipack.core.quark_import import import_quark
 
     import_quark()
     config, source = awq_groups.awq_config(model_type)
@@ -204,7 +204,7 @@ def test_awq_that_scales_nothing_is_a_build_failure(models, tmp_path, monkeypatc
 
 
 def test_summary_names_what_awq_scaled():
-    from stages.quantize.stage import summary
+    from raipack.stages.quantize.stage import summary
 
     record = awq_groups.summarize([{"prev_op": "input_layernorm", "layers": ["self_attn.q_proj"]}, {"prev_op": "mlp.up_proj", "layers": ["mlp.down_proj"]}],
                                   [("input_layernorm", ("self_attn.q_proj",), True)] * 2 + [("mlp.up_proj", ("mlp.down_proj",), False)] * 2, 2, "quark")
@@ -237,9 +237,9 @@ def test_lm_head_option_refused_with_one_sentence():
 
 
 def test_lm_head_enters_the_cache_key_and_recipe_schema():
-    from pipeline.build.config import config_dict, parse_config
-    from pipeline.build.recipe import RecipeError, load
-    from stages.quantize.stage import QuantizeConfig
+    from raipack.builder.config import config_dict, parse_config
+    from raipack.builder.recipe import RecipeError, load
+    from raipack.stages.quantize.stage import QuantizeConfig
 
     assert load(None, {"quantize.lm_head": 32}).stages["quantize"] == {"lm_head": 32}
     with pytest.raises(RecipeError, match="lm_head"):

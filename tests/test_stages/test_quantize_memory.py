@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import RaipackError, UsageError
-from stages.quantize import memory
-from stages.quantize.memory import GIB, Estimate, available, check, estimate, parse_size
+from raipack.core.errors import RaipackError, UsageError
+from raipack.stages.quantize import memory
+from raipack.stages.quantize.memory import GIB, Estimate, available, check, estimate, parse_size
 
 SEEDS = json.loads((Path(__file__).resolve().parents[1] / "data" / "seeds.json").read_text())["families"]
 REPO = Path(__file__).resolve().parents[2]
@@ -200,7 +200,7 @@ def _build(model: Path, tmp_path: Path, limit: str | None, *extra: str) -> subpr
     env.pop("RAIPACK_MEMORY_LIMIT", None)
     if limit:
         env["RAIPACK_MEMORY_LIMIT"] = limit
-    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(model), "--until", "quantize", "-o", str(tmp_path / "out"), *extra]
+    cmd = [sys.executable, "-m", "raipack.cli", "build", str(model), "--until", "quantize", "-o", str(tmp_path / "out"), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
 
 

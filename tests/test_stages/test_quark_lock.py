@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from pipeline.core import quark_import as quark_lock
-from pipeline.core.errors import RaipackError
-from pipeline.core.quark_import import build_lock, wait_for_lock
+from raipack.core import quark_import as quark_lock
+from raipack.core.errors import RaipackError
+from raipack.core.quark_import import build_lock, wait_for_lock
 
 HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); print('ready', flush=True); time.sleep(float(sys.argv[2]))"
 IN_FOLDER = "import sys, time; print('ready', flush=True); time.sleep(float(sys.argv[2]))"  # an orphaned ninja: cwd in the folder, no fd
@@ -188,7 +188,7 @@ def test_torch_own_wait_is_bounded_too(tmp_path, monkeypatch, holder_alive):
 
 # --------------------------------------------------------------------------- the real compile
 
-IMPORT = "from pipeline.core.quark_import import import_quark; import_quark(timeout=float(__import__('sys').argv[1])); print('imported', flush=True)"
+IMPORT = "from raipack.core.quark_import import import_quark; import_quark(timeout=float(__import__('sys').argv[1])); print('imported', flush=True)"
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ def fp32_export(family: str, src: Path, out: Path) -> Path:
     """The builder's float32 CPU export of `src` with raipack's family fixes, as the export stage runs it."""
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
-    from stages.export.families import extra_options, patched_builder
+    from raipack.stages.export.families import extra_options, patched_builder
 
     kv = [f"{k}={v}" for k, v in extra_options(tiny_config(family)["model_type"]).items()]
     parsed = parse_extra_options(None, str(src), str(out), "fp32", "cpu", str(out / ".cache"), kv)
@@ -82,7 +82,7 @@ def transformers_run(src: Path, ids: list[int]):
 
 
 def export_run(folder: Path, ids: list[int]):
-    from pipeline.runtime.ortloop import OrtDecoder
+    from raipack.runtime.ortloop import OrtDecoder
 
     dec = OrtDecoder(folder, threads=2)
     tokens, _ = dec.greedy(ids, NEW)

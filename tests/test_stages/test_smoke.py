@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from helpers import edit_json
-from pipeline.core.errors import RaipackError
-from pipeline.validate import validate
-from stages.fuse import sdk
-from stages.fuse.stage import choose_backend
-from stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY, find_provider_library, generate, try_npu
-from stages.smoke.stage import _problems
+from raipack.core.errors import RaipackError
+from raipack.stages.fuse import sdk
+from raipack.stages.fuse.stage import choose_backend
+from raipack.stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY, find_provider_library, generate, try_npu
+from raipack.stages.smoke.stage import _problems
+from raipack.validate import validate
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,7 +57,7 @@ def test_library_in_the_current_folder_is_never_loaded(make_pkg, tmp_path):
     model, marker = tmp_path / "model", tmp_path / "loaded"
     provider_library(model, marker)
     env = {k: v for k, v in os.environ.items() if k not in (EP_ENV, INSTALL_ENV)}
-    code = f"from stages.smoke.npu import try_npu; print(try_npu({str(pkg)!r}, [[1, 2, 3]], 4).reason)"
+    code = f"from raipack.stages.smoke.npu import try_npu; print(try_npu({str(pkg)!r}, [[1, 2, 3]], 4).reason)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=model, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists(), f"the library in the current folder was loaded (its constructor ran in {marker.read_text()})"
@@ -271,7 +271,7 @@ def test_auto_backend_says_which_ran_and_why(tmp_path, monkeypatch):
 
 
 def test_sdk_backend_contract_with_a_fake_model_generate(tmp_path, monkeypatch):
-    from pipeline.npu.profile import get
+    from raipack.npu.profile import get
 
     monkeypatch.setenv("RAIPACK_MODEL_GENERATE", str(fake_tool(tmp_path)))
     out = tmp_path / "out"
@@ -286,7 +286,7 @@ def test_sdk_backend_contract_with_a_fake_model_generate(tmp_path, monkeypatch):
 
 
 def test_sdk_backend_failure_is_one_sentence(tmp_path, monkeypatch):
-    from pipeline.npu.profile import get
+    from raipack.npu.profile import get
 
     monkeypatch.setenv("RAIPACK_MODEL_GENERATE", str(fake_tool(tmp_path, fail=True)))
     with pytest.raises(RaipackError, match="model_generate failed: model_generate: unsupported operator pattern in layer 3"):

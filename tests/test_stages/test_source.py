@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pipeline.core.errors import RaipackError
-from stages.source import gguf as source
-from stages.source.gguf import convert_gguf_to_hf, example_model_gguf
+from raipack.core.errors import RaipackError
+from raipack.stages.source import gguf as source
+from raipack.stages.source.gguf import convert_gguf_to_hf, example_model_gguf
 
 
 def test_missing_package_gives_install_hint(monkeypatch):
@@ -46,7 +46,7 @@ def test_a_license_that_is_not_an_id_is_left_out(tmp_path):
     """GGUF metadata is untrusted free text: only a plain license id goes into YAML front matter."""
     import gguf as gg
 
-    from stages.source.gguf import gguf_license
+    from raipack.stages.source.gguf import gguf_license
 
     for value, want in (("apache-2.0", "apache-2.0"), ("mit\nbase_model: evil/x", None), ("", None)):
         path = tmp_path / f"m{len(value)}.gguf"
@@ -65,7 +65,7 @@ def test_convert_example_model_and_answer(tmp_path):
         gguf = example_model_gguf()
     except RaipackError as exc:
         pytest.skip(str(exc))
-    from stages.quantize.quality import greedy_answer, load_hf
+    from raipack.stages.quantize.quality import greedy_answer, load_hf
 
     out = tmp_path / "fp32"
     info = convert_gguf_to_hf(gguf, out)

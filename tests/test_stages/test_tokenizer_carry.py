@@ -26,7 +26,7 @@ def make_tiny_qwen2(out: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from pipeline.data import CALIBRATION_TEXT
+    from raipack.data import CALIBRATION_TEXT
 
     out.mkdir(parents=True)
     tok = Tokenizer(models.BPE())
@@ -60,15 +60,15 @@ def make_tiny_qwen2(out: Path) -> Path:
 
 def tokenizer_files(folder: Path) -> dict[str, bytes]:
     """name -> bytes of every tokenizer and chat template file of a folder (roles of pipeline/data/roles.json)."""
-    from pipeline.core.package import role_of
+    from raipack.core.package import role_of
 
     return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir()) if p.is_file() and role_of(p.name) in ROLES}
 
 
 @pytest.fixture(scope="module")
 def qwen2_build(tmp_path_factory):
-    from pipeline.build.recipe import load
-    from pipeline.build.runner import build
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
 
     root = tmp_path_factory.mktemp("qwen2-carry")
     model = make_tiny_qwen2(root / "Tiny-Qwen2")
@@ -115,7 +115,7 @@ def write(folder: Path, files: dict[str, str]) -> Path:
 
 
 def test_carry_puts_back_the_source_files_and_drops_the_builders_extras(tmp_path):
-    from stages.export.builder import carry_tokenizer
+    from raipack.stages.export.builder import carry_tokenizer
 
     src = write(tmp_path / "quark", {"tokenizer.json": '{"a": 1}', "tokenizer_config.json": '{"model_max_length": 1e30}',
                                      "additional_chat_templates/tool.jinja": "{{ x }}", "model.safetensors": "w"})
@@ -131,7 +131,7 @@ def test_carry_puts_back_the_source_files_and_drops_the_builders_extras(tmp_path
 
 def test_a_sentencepiece_source_keeps_the_builders_tokenizer_json(tmp_path):
     """The runtimes read tokenizer.json; a source with only tokenizer.model gets the builder's conversion."""
-    from stages.export.builder import carry_tokenizer
+    from raipack.stages.export.builder import carry_tokenizer
 
     src = write(tmp_path / "quark", {"tokenizer.model": "spm", "tokenizer_config.json": '{"legacy": true}'})
     out = write(tmp_path / "oga", {"tokenizer.json": "{}", "tokenizer_config.json": '{"legacy": false}', "tokenizer.model": "spm"})
@@ -142,7 +142,7 @@ def test_a_sentencepiece_source_keeps_the_builders_tokenizer_json(tmp_path):
 
 
 def test_genai_config_ids_beyond_the_vocabulary_are_fixed_there(tmp_path):
-    from stages.export.builder import fit_token_ids
+    from raipack.stages.export.builder import fit_token_ids
 
     out = write(tmp_path / "oga", {"genai_config.json": json.dumps({"model": {"vocab_size": 512, "bos_token_id": 1, "eos_token_id": [7, 512], "pad_token_id": 512}})})
     assert fit_token_ids(out) == {"eos_token_id": [[7, 512], [7]], "pad_token_id": [512, 7]}

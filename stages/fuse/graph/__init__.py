@@ -40,9 +40,9 @@ nor on the known CPU side (embedding, mask arithmetic, LongRoPE's cache choice, 
 are reported too.
 """
 
-from stages.fuse.graph.constraints import Constraints, check_matmul
-from stages.fuse.graph.model import DOMAIN, FusedNode, FuseGraphResult, attr_value
-from stages.fuse.graph.rewrite import fuse_graph
-from stages.fuse.graph.shapes import ShapeError, static_schedule
+from raipack.stages.fuse.graph.constraints import Constraints, check_matmul
+from raipack.stages.fuse.graph.model import DOMAIN, FusedNode, FuseGraphResult, attr_value
+from raipack.stages.fuse.graph.rewrite import fuse_graph
+from raipack.stages.fuse.graph.shapes import ShapeError, static_schedule
 
 __all__ = ["DOMAIN", "Constraints", "FuseGraphResult", "FusedNode", "ShapeError", "attr_value", "check_matmul", "fuse_graph", "static_schedule"]

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from pipeline.npu.constraints import NpuConstraints as Constraints
-from stages.fuse.graph.model import attr
+from raipack.npu.constraints import NpuConstraints as Constraints
+from raipack.stages.fuse.graph.model import attr
 
 __all__ = ["Constraints", "check_matmul"]
 

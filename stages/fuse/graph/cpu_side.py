@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from stages.fuse.graph.model import CPU_SIDE_OPS, DOMAIN, LAYER_RE, finding
+from raipack.stages.fuse.graph.model import CPU_SIDE_OPS, DOMAIN, LAYER_RE, finding
 
 SEQLENS = "/raipack/mask/seqlens_k"
 LAST_HIDDEN = "/raipack/logits/last_hidden"

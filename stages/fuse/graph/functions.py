@@ -7,7 +7,7 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, helper
 
-from stages.fuse.graph.model import DOMAIN, Graph
+from raipack.stages.fuse.graph.model import DOMAIN, Graph
 
 
 def group_io(g: Graph, members: list, graph_outputs: set[str]) -> tuple[list[str], list[str], list[str]]:

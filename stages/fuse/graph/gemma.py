@@ -20,8 +20,8 @@ Sliding and global layers are one pattern: they differ only in GroupQueryAttenti
 
 from __future__ import annotations
 
-from stages.fuse.graph.model import Graph, attr
-from stages.fuse.graph.patterns import qkv_group
+from raipack.stages.fuse.graph.model import Graph, attr
+from raipack.stages.fuse.graph.patterns import qkv_group
 
 Group = tuple[str, list, list]
 NORM, SKIP_NORM = "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"

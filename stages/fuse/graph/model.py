@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import AttributeProto, helper
 
-from pipeline.core.findings import Finding
+from raipack.core.findings import Finding
 
 DOMAIN = "ai.raipack"
 DOMAIN_VERSION = 1

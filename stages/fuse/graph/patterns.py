@@ -9,7 +9,7 @@ the expected one and says why.
 
 from __future__ import annotations
 
-from stages.fuse.graph.model import Graph, attr
+from raipack.stages.fuse.graph.model import Graph, attr
 
 Group = tuple[str, list, list]
 
@@ -29,7 +29,7 @@ def family_matchers() -> tuple:
     its own in this package, e.g. gemma.py): matchers tried in order before `match_chain`, each
     `fn(g, gqa)` returning (groups, why) for a layer of its family and None for any other layer.
     Imported here rather than at the top so a family module may import this module's group helpers."""
-    from stages.fuse.graph import gemma
+    from raipack.stages.fuse.graph import gemma
 
     return (gemma.match_layer,)
 

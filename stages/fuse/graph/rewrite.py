@@ -9,11 +9,11 @@ from collections import defaultdict
 import onnx
 from onnx import AttributeProto, helper
 
-from stages.fuse.graph import cpu_side
-from stages.fuse.graph.constraints import Constraints, check_matmul
-from stages.fuse.graph.functions import group_io, make_function, signature
-from stages.fuse.graph.model import DOMAIN, DOMAIN_VERSION, LAYER_RE, MS, SLOTS, FusedNode, FuseGraphResult, Graph, finding
-from stages.fuse.graph.patterns import match_layer
+from raipack.stages.fuse.graph import cpu_side
+from raipack.stages.fuse.graph.constraints import Constraints, check_matmul
+from raipack.stages.fuse.graph.functions import group_io, make_function, signature
+from raipack.stages.fuse.graph.model import DOMAIN, DOMAIN_VERSION, LAYER_RE, MS, SLOTS, FusedNode, FuseGraphResult, Graph, finding
+from raipack.stages.fuse.graph.patterns import match_layer
 
 
 def io_names(genai: dict) -> dict:

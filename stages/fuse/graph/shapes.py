@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper, numpy_helper
 
-from stages.fuse.graph.model import DOMAIN
+from raipack.stages.fuse.graph.model import DOMAIN
 
 
 class ShapeError(ValueError):
@@ -15,7 +15,7 @@ class ShapeError(ValueError):
 
 
 def dtype_name(code: int) -> str:
-    from pipeline.npu.formats import ONNX_DTYPE
+    from raipack.npu.formats import ONNX_DTYPE
 
     if code not in ONNX_DTYPE:
         raise ShapeError(f"unsupported tensor data type {code}")

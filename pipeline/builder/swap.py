@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.core import manifest
+from raipack.core import manifest
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 
-from pipeline.core.errors import UsageError
-from pipeline.core.stage import Stage
-from pipeline.data import load_data
+from raipack.core.errors import UsageError
+from raipack.core.stage import Stage
+from raipack.data import load_data
 
 MODEL_KIND = "source"  # a user's model folder replaces the output of the stage of this kind
 PACKAGE_KIND = "package"  # the output of the stage of this kind is assembled into the package

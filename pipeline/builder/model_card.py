@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from pipeline.data import load_data
+from raipack.data import load_data
 
 MARK = "\n## Build record\n"
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -90,7 +90,7 @@ def license_of(source: Path | None) -> str | None:
 
 
 def tags(report: dict) -> list[str]:
-    from pipeline.npu import profile as profiles
+    from raipack.npu import profile as profiles
 
     quant = next((s["report"] for s in report["stages"] if s["name"] == "quantize"), {})
     prof = profiles.get(report["profile"])

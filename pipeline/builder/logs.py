@@ -59,7 +59,7 @@ def _keep(sink, job, failed: bool) -> None:
 
 def _stages_dir(job) -> Path:
     """build/<package>.stages, where the runner links each stage's output."""
-    from pipeline.build.runner import package_name  # the runner imports this module
+    from raipack.builder.runner import package_name  # the runner imports this module
 
     return Path(job.recipe.output) / f"{package_name(job.recipe, job.profile)}.stages"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from pipeline.core.errors import RaipackError
+from raipack.core.errors import RaipackError
 
 
 class StageCrashed(RaipackError):
@@ -23,7 +23,7 @@ class StageCrashed(RaipackError):
 
 def stage_crashed(stage: str, recipe, profile: dict, exc: Exception) -> StageCrashed:
     """The error to raise instead of `exc`, after writing its traceback to a file."""
-    from pipeline.build.runner import package_name
+    from raipack.builder.runner import package_name
 
     model = recipe.model_name()
     if isinstance(exc, MemoryError):

@@ -19,7 +19,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.build.cache import remove
+from raipack.builder.cache import remove
 
 try:
     import fcntl

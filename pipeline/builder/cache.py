@@ -23,9 +23,9 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError
-from pipeline.core.output import atomic_write_text
+from raipack.core import manifest
+from raipack.core.errors import RaipackError
+from raipack.core.output import atomic_write_text
 
 try:
     import fcntl
@@ -115,7 +115,7 @@ def changed_file(path: Path, doc: dict) -> str | None:
         return f"{rel} is not in its manifest"
     for rel in sorted(set(listed) - present):
         return f"{rel} is missing"
-    from pipeline.core.hashing import sha256_many
+    from raipack.core.hashing import sha256_many
 
     digests = sha256_many([path / rel for rel in listed])
     for rel in sorted(listed):
@@ -196,7 +196,7 @@ def folder_digest(folder: Path) -> str:
     folder = Path(folder)
     if manifest.is_complete(folder):
         return hashlib.sha256((folder / manifest.NAME).read_bytes()).hexdigest()
-    from pipeline.core.hashing import sha256_many
+    from raipack.core.hashing import sha256_many
 
     memo_path = cache_root() / "digests.json"
     try:

@@ -29,9 +29,9 @@ import stat
 import struct
 from pathlib import Path
 
-from pipeline.core.errors import UsageError
-from pipeline.core.package import LFS_MAX_SIZE, MAX_FILES, JsonError, parse_json, parse_lfs_pointer
-from pipeline.data import load_data
+from raipack.core.errors import UsageError
+from raipack.core.package import LFS_MAX_SIZE, MAX_FILES, JsonError, parse_json, parse_lfs_pointer
+from raipack.data import load_data
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
 LFS_HINT = "run `git lfs pull` in the model's clone (or download the model again)"

@@ -7,7 +7,7 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from pipeline.core.errors import UsageError
+from raipack.core.errors import UsageError
 
 
 @dataclasses.dataclass

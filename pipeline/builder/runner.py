@@ -3,9 +3,9 @@ outputs validated, manifest written, folder renamed into place.
 
 Every stage output is a cache entry; killing the process at any moment leaves
 either a complete entry (with its manifest) or a `.staging-*` folder that no
-later run mistakes for output, and that the next build removes (pipeline.build.staging).
+later run mistakes for output, and that the next build removes (raipack.builder.staging).
 A rerun picks up after the last complete stage. Entries are sealed read-only and
-checked on every hit (pipeline.build.cache); the package is a copy, never sharing a
+checked on every hit (raipack.builder.cache); the package is a copy, never sharing a
 byte of storage with the cache.
 """
 
@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from pipeline.build import cache, handover, logs, stages, staging, swap
-from pipeline.build.config import EvalConfig, config_dict, parse_config
-from pipeline.build.crash import stage_crashed
-from pipeline.build.inputs import check_model_dir
-from pipeline.build.progress import Progress
-from pipeline.build.recipe import Recipe
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.core.output import atomic_write_text
-from pipeline.core.stage import Job
-from pipeline.npu import profile as profiles
+from raipack.builder import cache, handover, logs, stages, staging, swap
+from raipack.builder.config import EvalConfig, config_dict, parse_config
+from raipack.builder.crash import stage_crashed
+from raipack.builder.inputs import check_model_dir
+from raipack.builder.progress import Progress
+from raipack.builder.recipe import Recipe
+from raipack.core import manifest
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.output import atomic_write_text
+from raipack.core.stage import Job
+from raipack.npu import profile as profiles
 
 
 class StageFailed(RaipackError):
@@ -93,7 +93,7 @@ def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
 def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
           progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False,
           inputs: handover.Handover | None = None) -> BuildResult:
-    """Run the stages; `inputs` (a hand-over, pipeline/build/handover.py) stands in for the stages before `from_`."""
+    """Run the stages; `inputs` (a hand-over, pipeline/builder/handover.py) stands in for the stages before `from_`."""
     start = time.perf_counter()
     progress = progress or Progress("plain")
     profile = profiles.get(recipe.profile)
@@ -189,8 +189,8 @@ def _gate_request(recipe: Recipe):
     cfg = parse_config(EvalConfig, recipe.eval, "[eval]")
     if not cfg.tasks:
         return None
-    from pipeline.evaluation.chain import preflight
-    from pipeline.evaluation.run import Request
+    from raipack.evaluation.chain import preflight
+    from raipack.evaluation.run import Request
 
     base = Path(recipe.path).resolve().parent if recipe.path else Path.cwd()
     req = Request(cfg.tasks, cfg.limit, cfg.num_fewshot, base / cfg.include_path if cfg.include_path else None)
@@ -199,7 +199,7 @@ def _gate_request(recipe: Recipe):
 
 
 def _run_gate(gate, outputs: dict, keep: Path, progress) -> dict:
-    from pipeline.evaluation.chain import gate as run_gate
+    from raipack.evaluation.chain import gate as run_gate
 
     return run_gate(gate[0], gate[1], outputs, keep, progress)
 
@@ -233,7 +233,7 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
                 report = st.run(job) or {}
         except RaipackError:
             raise
-        except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/build/crash.py)
+        except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/builder/crash.py)
             raise stage_crashed(st.name, recipe, profile, exc) from exc
         report = _relocated(report, work, final)  # the staging folder's name never outlives it
         manifest.mark_incomplete(work)  # after run(): a stage gets an empty folder
@@ -305,7 +305,7 @@ def _check_output(st, job, folder: Path, doc: dict) -> None:
 def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
     """Validate a staged folder as it will be once committed, its manifest
     included in memory only: a killed run never leaves a manifest behind."""
-    from pipeline.validate import validate
+    from raipack.validate import validate
 
     return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
 
@@ -337,7 +337,7 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         if evaluation:
             atomic_write_text(work / "eval.json", json.dumps(evaluation, indent=2) + "\n")
-        from pipeline.build.model_card import append_build_numbers
+        from raipack.builder.model_card import append_build_numbers
 
         append_build_numbers(work / "README.md", draft.report(),  # the source model: base_model and license of the card
                              source=Path(recipe.model) if recipe.model else next((Path(r.path) for r in results if r.name == stages.of_kind(stages.MODEL_KIND)), None))
@@ -348,7 +348,7 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:
             raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
-        from pipeline.report.page import write_build_page  # report.html: after validation (its findings), listed in the manifest
+        from raipack.report.page import write_build_page  # report.html: after validation (its findings), listed in the manifest
 
         page = write_build_page(work, json.loads((work / "report.json").read_text()), result.findings, result.profile, warn)
         doc["files"] = sorted(doc["files"] + ([page] if page else []), key=lambda f: Path(f["path"]).parts)

@@ -5,7 +5,7 @@ Three modes: `rich` (a terminal: bars and colours, honours NO_COLOR), `plain`
 line at a quarter, half and three quarters of it), `json` (JSON
 lines on stderr, for CI logs); `quiet` prints only errors and the summary.
 While a stage runs, its libraries' output goes to the stage's log.txt
-(pipeline.build.logs) and these lines keep going to the terminal; `verbose`
+(raipack.builder.logs) and these lines keep going to the terminal; `verbose`
 shows the libraries' output live as well.
 """
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import tomllib
 
-from pipeline.build import stages
-from pipeline.core import schemas
-from pipeline.core.errors import UsageError
-from pipeline.core.findings import Finding
+from raipack.builder import stages
+from raipack.core import schemas
+from raipack.core.errors import UsageError
+from raipack.core.findings import Finding
 
 EXAMPLE_NAME = "SmolLM2-135M-Instruct"
 
@@ -34,7 +34,7 @@ class Recipe:
     expected_answer: str | None = None
     stages: dict[str, dict] = field(default_factory=dict)
     path: str | None = None
-    eval: dict | None = None  # the [eval] table: the accuracy gate (pipeline/build/config.py: EvalConfig)
+    eval: dict | None = None  # the [eval] table: the accuracy gate (pipeline/builder/config.py: EvalConfig)
 
     @property
     def is_example(self) -> bool:

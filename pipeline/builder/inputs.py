@@ -1,13 +1,13 @@
 """Check a build's input model folder before any heavy work. Nothing in it is run.
 
-Every entry must be a regular file or folder inside the model folder (pipeline/build/model_files.py
+Every entry must be a regular file or folder inside the model folder (pipeline/builder/model_files.py
 says which symlinks are followed and why); Git LFS pointers are refused. Every JSON file is
 read with a size cap, refusing special files (FIFO, device) and JSON that is nested too
 deeply or holds non-finite numbers; config.json's architecture comes first (a mixture-of-experts,
 multimodal or remote-code model is refused before any weight file is looked at); config.json's sizes and the tokenizer's and generation
 config's ids are checked against each other; each safetensors header is read and checked
 against its file; the chat template is parsed. Then what transformers will build from the
-folder, its config object and its tokenizer, is built once (pipeline/build/hf_checks.py). Each
+folder, its config object and its tokenizer, is built once (pipeline/builder/hf_checks.py). Each
 refusal is one sentence naming the file and the field, raised before any stage runs (exit 2).
 """
 
@@ -17,11 +17,11 @@ import os
 import stat
 from pathlib import Path
 
-from pipeline.build.model_files import LFS_HINT, check_entries, check_safetensors
-from pipeline.build.model_files import short as _short
-from pipeline.core.errors import UsageError
-from pipeline.core.package import JSON_MAX_BYTES, LFS_MAGIC, JsonError, parse_json
-from pipeline.data import load_data
+from raipack.builder.model_files import LFS_HINT, check_entries, check_safetensors
+from raipack.builder.model_files import short as _short
+from raipack.core.errors import UsageError
+from raipack.core.package import JSON_MAX_BYTES, LFS_MAGIC, JsonError, parse_json
+from raipack.data import load_data
 
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 FIX_CONFIG = "fix config.json, or use the config.json the model was published with"
@@ -66,7 +66,7 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
     _check_tokenizer(path, cfg_path, cfg.get("vocab_size"), tok_cfg)
     generation = _check_generation(path, cfg)
     template = _check_chat_templates(path, tok_cfg)
-    from pipeline.build.hf_checks import (  # imports transformers (the build needs it next anyway)
+    from raipack.builder.hf_checks import (  # imports transformers (the build needs it next anyway)
         check_config_class,
         check_generation_config,
         check_tokenizer_loads,
@@ -243,7 +243,7 @@ def _check_tokenizer(path: Path, cfg_path: Path, vocab_size, tok_cfg: dict) -> N
                 raise UsageError(f"{file}: {label} has id {token_id}, but {cfg_path} gives vocab_size {vocab_size}: the tokenizer is larger than the model's embedding",
                                  "use the tokenizer published with this model, or a config.json whose vocab_size covers every token id")
     if os.path.lexists(tok_path):
-        from pipeline.build.hf_checks import check_tokenizer_json
+        from raipack.builder.hf_checks import check_tokenizer_json
 
         check_tokenizer_json(tok_path, text)
 
@@ -282,9 +282,9 @@ def _check_generation(path: Path, cfg: dict) -> dict | None:
 
 
 def _check_chat_templates(path: Path, tok_cfg: dict) -> str | None:
-    """Parse every chat template of the folder without running it (pipeline/build/hf_checks.py says
+    """Parse every chat template of the folder without running it (pipeline/builder/hf_checks.py says
     what is refused); returns where the template the tokenizer uses comes from, for messages."""
-    from pipeline.build.hf_checks import template_problem
+    from raipack.builder.hf_checks import template_problem
 
     templates = []  # (where, source)
     jinja = path / "chat_template.jinja"

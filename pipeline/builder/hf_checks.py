@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.build.inputs import FIX_CONFIG, FIX_GENERATION, FIX_TEMPLATE, FIX_TOKENIZER
-from pipeline.build.model_files import short
-from pipeline.core.errors import UsageError
+from raipack.builder.inputs import FIX_CONFIG, FIX_GENERATION, FIX_TEMPLATE, FIX_TOKENIZER
+from raipack.builder.model_files import short
+from raipack.core.errors import UsageError
 
 SAMPLE_CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -5,7 +5,7 @@ can stop after `export` on one machine (`raipack build --until export --handover
 on another (`raipack build --inputs DIR --backend ryzenai-sdk`). DIR is self-contained: real copies
 of the outputs the remaining stages need (for `--until export`, quantize and export: fuse reads
 both), each with its manifest, and `handover.json`: the resolved recipe, the target profile, each
-carried stage's cache key and folder digest (pipeline/build/cache.py: folder_digest, the sha256 of
+carried stage's cache key and folder digest (pipeline/builder/cache.py: folder_digest, the sha256 of
 its manifest), the tool versions. Paths in it are relative to DIR, so the folder can be moved.
 
 Before a carried output is used, its manifest must have the recorded digest and every file the
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline import __version__
-from pipeline.build import cache, stages
-from pipeline.core import manifest
-from pipeline.core.errors import RaipackError, UsageError
-from pipeline.core.output import atomic_write_text
+from raipack import __version__
+from raipack.builder import cache, stages
+from raipack.core import manifest
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.output import atomic_write_text
 
 FILE = "handover.json"
 FORMAT = "raipack-handover"
@@ -84,7 +84,7 @@ def check_destination(dest: Path, until: str | None = None) -> None:
 
 def write(dest: Path, result) -> Path:
     """Copy the outputs the remaining stages need out of `result` (a BuildResult) into `dest`, then write handover.json."""
-    from pipeline.build.runner import copy_tree
+    from raipack.builder.runner import copy_tree
 
     dest = Path(dest)
     check_destination(dest)
@@ -174,7 +174,7 @@ def _checked(folder: Path, path: Path, stage: str, rel: str, key: str, digest: s
 
 def recipe_from(handover: Handover, recipe_path, overrides: dict):
     """The recipe the hand-over carries, with the command line's flags over it (not the model or the target)."""
-    from pipeline.build.recipe import load
+    from raipack.builder.recipe import load
 
     if recipe_path is not None:
         raise UsageError("--recipe and --inputs together: the hand-over carries its recipe", "drop --recipe; flags such as --backend still apply")

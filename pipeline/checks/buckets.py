@@ -104,8 +104,11 @@ def bucket_tiers(ctx):
 
 @check("RP603", "cache-meta")
 def cache_meta(ctx):
-    """Every `cache/<node>_meta.json` tensor map names files that exist in the
-    same folder with the recorded `file_size`."""
+    """Every `cache/<node>_meta.json` tensor map names files that exist with the
+    recorded `file_size`: a name relative to the meta's folder (raipack's
+    packages), or, as AMD's Windows-built packages write it, relative to the
+    package with the cache folder first and Windows separators
+    (`.cache\\MatMulNBits_2_0_0.const`)."""
     for fe in ctx.pkg.by_role("cache_meta"):
         meta = ctx.pkg.try_json(fe.rel)
         if not isinstance(meta, dict):
@@ -120,8 +123,18 @@ def cache_meta(ctx):
             if not is_inside(name):
                 yield ctx.finding(fe.rel, f"tensor {key} names {name!r}, a path that leaves the package", "name a file in the cache folder", pointer)
                 continue
-            target = ctx.pkg.files.get(f"{folder}/{name}")
+            target = _cache_file(ctx.pkg, folder, name)
             if target is None:
                 yield ctx.finding(fe.rel, f"tensor {key} names {name}, which is not in {folder}/", "copy the whole cache folder", pointer)
             elif isinstance(entry.get("file_size"), int) and entry["file_size"] != target.size and not target.lfs:
                 yield ctx.finding(target.rel, f"is {target.size} bytes but {fe.rel} records {entry['file_size']}", "copy the cache folder again", f"/tensor_map/{key}/file_size")
+
+
+def _cache_file(pkg, folder: str, name: str):
+    """The file a tensor map entry names: inside the meta's folder, or from the package root
+    when the name starts with that folder (AMD writes `.cache\\<node>_<n>.const`)."""
+    norm = name.replace("\\", "/")
+    found = pkg.files.get(f"{folder}/{norm}")
+    if found is None and norm.startswith(folder + "/"):
+        found = pkg.files.get(norm)
+    return found

@@ -12,29 +12,32 @@ from raipack.npu.settings import as_count as _count
 GENAI = "genai_config.json"
 
 
-@check("RP501", "length-limits")
+@check("RP501", "length-limits", "warning")
 def length_limits(ctx):
     """The length settings agree: `search.max_length` ≤ `context_length`;
     `chunk_size` ≤ `max_length`; `max_length_for_kv_cache` ≥ `max_length`;
     every `rai_config.max_prompt_length` ≤ `max_length` and, without chunked
     prefill, ≤ `hybrid_opt_max_seq_length`; and no higher than the NPU limit
-    the profile records for that Ryzen AI version."""
+    the profile records for that Ryzen AI version. Each disagreement is a
+    warning that names the length past which requests fail: the package runs
+    every shorter one (AMD's 1.6 NPU folders ship `max_length` 32768 over a
+    4096-token KV buffer and run up to 4096 tokens)."""
     L = ctx.settings.as_dict()
     ml, cs, cl, kv, seq = L["max_length"], L["chunk_size"], L["context_length"], L["kv_cache"], L["npu_seq"]
     if ml and cl and ml > cl:
-        yield ctx.finding(GENAI, f"search.max_length is {ml}, above model.context_length {cl}", "lower search.max_length (raipack tune --max-length)", "/search/max_length")
+        yield ctx.finding(GENAI, f"search.max_length is {ml}, above model.context_length {cl}: past {cl} tokens the model runs beyond the positions it was trained for", f"lower search.max_length to at most {cl} (raipack tune --max-length {cl})", "/search/max_length")
     if cs and ml and cs > ml:
-        yield ctx.finding(GENAI, f"search.chunk_size is {cs}, above search.max_length {ml}", "make chunk_size at most max_length", "/search/chunk_size")
+        yield ctx.finding(GENAI, f"search.chunk_size is {cs}, above search.max_length {ml}: no prompt reaches one chunk; a prompt past {ml} tokens fails on max_length first", "make chunk_size at most max_length", "/search/chunk_size")
     if kv and ml and kv < ml:
         _, where = ctx.options
-        yield ctx.finding(GENAI, f"max_length_for_kv_cache is {kv}, below search.max_length {ml}: the static KV buffer cannot hold a full sequence", "raise max_length_for_kv_cache or lower search.max_length", where["max_length_for_kv_cache"])
+        yield ctx.finding(GENAI, f"max_length_for_kv_cache is {kv}, below search.max_length {ml}: the static KV buffer holds {kv} tokens, so a request whose prompt and output pass {kv} tokens fails; shorter ones run", f"keep prompt + output within {kv} tokens, or lower search.max_length to {kv} (raipack tune --max-length {kv})", where["max_length_for_kv_cache"])
     limits = ctx.profile.get("max_prompt_length", {})
     for version, n in sorted(L["max_prompt"].items()):
         pointer = f"/max_prompt_length/{version}"
         if ml and n > ml:
-            yield ctx.finding("rai_config.json", f"max_prompt_length for {version} is {n}, above search.max_length {ml}", "lower it to at most max_length", pointer)
+            yield ctx.finding("rai_config.json", f"max_prompt_length for {version} is {n}, above search.max_length {ml}: a prompt the application lets through past {ml} tokens fails", "lower it to at most max_length", pointer)
         elif seq and n > seq and not L["chunked"]:
-            yield ctx.finding("rai_config.json", f"max_prompt_length for {version} is {n}, above hybrid_opt_max_seq_length {seq} with chunked prefill off: the NPU cannot hold such a prompt", "lower it, or turn on hybrid_opt_chunk_context", pointer)
+            yield ctx.finding("rai_config.json", f"max_prompt_length for {version} is {n}, above hybrid_opt_max_seq_length {seq} with chunked prefill off: a prompt past {seq} tokens does not fit one NPU pass and fails", "lower it, or turn on hybrid_opt_chunk_context", pointer)
         if version in limits and n > limits[version]:
             yield ctx.finding("rai_config.json", f"max_prompt_length for {version} is {n}, above the {limits[version]} tokens Ryzen AI {version} allows", "lower it to the SDK's limit", pointer, "warning")
 

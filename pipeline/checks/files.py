@@ -6,6 +6,7 @@ import fnmatch
 
 from raipack.checks.base import check
 from raipack.core.package import SCAN
+from raipack.data import load_data
 from raipack.npu.layout import is_inside
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
@@ -38,9 +39,13 @@ def lfs_pointer(ctx):
 @check("RP103", "empty-file")
 def empty_file(ctx):
     """A weights, graph or config file is empty (0 bytes): an interrupted copy
-    or download."""
+    or download. Files a real package ships empty (`pipeline/data/empty_files.json`:
+    the `.super` and `.ctrlpkt` of AMD's 1.6 dd_metastate sets) are accepted."""
+    empty_ok = [e["pattern"] for e in load_data("empty_files.json")["may_be_empty"]]
     for fe in ctx.pkg.files.values():
         if fe.size == 0 and (fe.role in WEIGHT_ROLES or fe.rel.endswith(".json")):
+            if any(fnmatch.fnmatchcase(fe.rel.rsplit("/", 1)[-1], p) for p in empty_ok):
+                continue
             yield ctx.finding(fe.rel, "is empty (0 bytes)", "copy or download the file again")
 
 

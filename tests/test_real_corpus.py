@@ -104,3 +104,12 @@ def test_amd_folder_name_is_detected_as_what_it_stands_for(tmp_path, folder, exp
     assert prof["target"] == expect["target"] and any(prof["release"].startswith(r) for r in expect["releases"]), prof["id"]
     if "context" in expect:
         assert prof["context"] == expect["context"], prof["id"]
+
+
+def test_the_npu_copy_as_uploaded_without_its_cache_constants_is_one_finding_for_732_files(tmp_path):
+    """The public copy lacks the .const files its meta names: one RP603 finding naming them compactly."""
+    pkg = rebuild("Qwen-2.5-1.5B-Instruct-onnx-ryzenai-npu", tmp_path)
+    for const in (pkg / ".cache").glob("*.const"):
+        const.unlink()
+    [found] = [f for f in validate(pkg, select=["RP603"]).findings]
+    assert found.message.startswith(".cache\\MatMulNBits_2_0_{0..731}.const: 732 files") and len(found.members) == 732

@@ -49,9 +49,9 @@ class Context:
         self.jobs = jobs
         self.current: CheckSpec | None = None
 
-    def finding(self, path: str, message: str, hint: str = "", pointer: str = "", severity: str | None = None) -> Finding:
+    def finding(self, path: str, message: str, hint: str = "", pointer: str = "", severity: str | None = None, members: tuple[str, ...] = ()) -> Finding:
         spec = self.current
-        return Finding(spec.id, severity or spec.severity, path, message, hint, pointer)
+        return Finding(spec.id, severity or spec.severity, path, message, hint, pointer, tuple(members))
 
     # Parsed inputs shared by several checks; broken files read as None (RP201 reports them).
     @cached_property

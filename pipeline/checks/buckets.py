@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from raipack.checks.base import check
+from raipack.core.members import grouped
 from raipack.npu.layout import PREFIX, is_inside, metastate_sets, tiers_present
 from raipack.npu.settings import expected_tiers
 
@@ -113,21 +114,29 @@ def cache_meta(ctx):
         meta = ctx.pkg.try_json(fe.rel)
         if not isinstance(meta, dict):
             continue
-        folder = fe.rel.rsplit("/", 1)[0]
-        tmap = meta.get("tensor_map")
-        entries = tmap.items() if isinstance(tmap, dict) else enumerate(tmap) if isinstance(tmap, list) else ()
-        for key, entry in entries:
-            if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
-                continue
-            name, pointer = entry["file_name"], f"/tensor_map/{key}/file_name"
-            if not is_inside(name):
-                yield ctx.finding(fe.rel, f"tensor {key} names {name!r}, a path that leaves the package", "name a file in the cache folder", pointer)
-                continue
-            target = _cache_file(ctx.pkg, folder, name)
-            if target is None:
-                yield ctx.finding(fe.rel, f"tensor {key} names {name}, which is not in {folder}/", "copy the whole cache folder", pointer)
-            elif isinstance(entry.get("file_size"), int) and entry["file_size"] != target.size and not target.lfs:
-                yield ctx.finding(target.rel, f"is {target.size} bytes but {fe.rel} records {entry['file_size']}", "copy the cache folder again", f"/tensor_map/{key}/file_size")
+        found = list(_meta_files(ctx, fe, meta))
+        missing = [f for f, name in found if name]
+        yield from grouped(missing, "files its tensor map names are not in the package", [name for _, name in found if name])
+        yield from (f for f, name in found if not name)
+
+
+def _meta_files(ctx, fe, meta):
+    """(finding, missing file name or "") for the files one meta's tensor map names."""
+    folder = fe.rel.rsplit("/", 1)[0]
+    tmap = meta.get("tensor_map")
+    entries = tmap.items() if isinstance(tmap, dict) else enumerate(tmap) if isinstance(tmap, list) else ()
+    for key, entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
+            continue
+        name, pointer = entry["file_name"], f"/tensor_map/{key}/file_name"
+        if not is_inside(name):
+            yield ctx.finding(fe.rel, f"tensor {key} names {name!r}, a path that leaves the package", "name a file in the cache folder", pointer), ""
+            continue
+        target = _cache_file(ctx.pkg, folder, name)
+        if target is None:
+            yield ctx.finding(fe.rel, f"tensor {key} names {name}, which is not in {folder}/", "copy the whole cache folder", pointer), name
+        elif isinstance(entry.get("file_size"), int) and entry["file_size"] != target.size and not target.lfs:
+            yield ctx.finding(target.rel, f"is {target.size} bytes but {fe.rel} records {entry['file_size']}", "copy the cache folder again", f"/tensor_map/{key}/file_size"), ""
 
 
 def _cache_file(pkg, folder: str, name: str):

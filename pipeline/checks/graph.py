@@ -69,7 +69,7 @@ def io_contract(ctx):
     if g is None or not isinstance(ctx.genai, dict) or schemas.errors("genai_config", ctx.genai):
         return  # a mistyped genai_config.json is RP202's finding; the contract needs a well-typed one
     for item in contract.io_contract(g, ctx.genai):
-        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer)
+        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer, members=item.members)
 
 
 @check("RP704", "matmulnbits-quant")

@@ -16,13 +16,18 @@ class Finding:
     message: str
     hint: str = ""
     pointer: str = ""  # JSON pointer, tensor or node name
+    members: tuple[str, ...] = ()  # one finding standing for many: every tensor, file or node it names
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["members"] = list(self.members)
+        if not self.members:
+            del d["members"]
+        return d
 
 
 @dataclass

@@ -81,7 +81,8 @@ def safe_tree(value, limit: int = LIMIT, markup: bool = False, depth: int = 0):
 
 
 def safe_finding(f):
-    return replace(f, path=safe(f.path, PATH_LIMIT), message=safe(f.message), hint=safe(f.hint), pointer=safe(f.pointer))
+    return replace(f, path=safe(f.path, PATH_LIMIT), message=safe(f.message), hint=safe(f.hint), pointer=safe(f.pointer),
+                   members=tuple(safe(m) for m in f.members))
 
 
 def safe_results(results) -> list:

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from raipack.core.findings import Finding
+from raipack.core.members import grouped
 from raipack.core.onnxproto import ModelProto, TensorProto, get_attribute_value, tensor_nbytes
 from raipack.npu.quark_config import is_excluded, layer_weight_spec, node_to_hf
 
@@ -79,8 +80,10 @@ def io_contract(model: ModelProto, genai: dict) -> list[Finding]:
                       "re-export; the builder writes 'past_key_values.%d.key' and 'present.%d.key' style names"))
         return out
     kv_dtypes: dict[str, int] = {}
+    missing: dict[str, list[tuple[str, int]]] = {"input": [], "output": []}
     for pattern, src in patterns:
-        out += _kv_tensors(io, pattern, src, dims, kv_dtypes)
+        out += _kv_tensors(io, pattern, src, dims, kv_dtypes, missing)
+    out += _missing_kv(missing, dims)
     out += _kv_dtypes_agree(kv_dtypes, [pair for i in range(dims.layers) for pair in ((pk % i, ok % i), (pv % i, ov % i))])
     out += _undeclared_inputs(io) + _logits_vocab(io, genai)
     out.extend(_attention_heads(model, dims.kv_heads, q_heads, dims.head_size))
@@ -139,8 +142,20 @@ def _id_dtypes(io: _GraphIO) -> list[Finding]:
     return out
 
 
-def _kv_tensors(io: _GraphIO, pattern: str, src: dict, dims: _Dims, kv_dtypes: dict) -> list[Finding]:
-    """One past/present name pattern: a tensor per layer, none beyond, each of a float dtype and the KV shape."""
+def _missing_kv(missing: dict[str, list[tuple[str, int]]], dims: _Dims) -> list[Finding]:
+    """The missing past/present tensors, one finding per kind naming them compactly."""
+    out = []
+    for kind, names in missing.items():
+        items = [_f("export.io", name, f"graph {kind} '{name}' for layer {i} is missing; genai_config.json declares {dims.layers} layers, "
+                    f"each with a key and a value {kind}", "re-export, or fix num_hidden_layers / the name pattern in genai_config.json")
+                 for name, i in names]
+        out += grouped(items, f"graph {kind}s missing; genai_config.json declares {dims.layers} layers, each with a key and a value {kind}")
+    return out
+
+
+def _kv_tensors(io: _GraphIO, pattern: str, src: dict, dims: _Dims, kv_dtypes: dict, missing: dict[str, list[tuple[str, int]]]) -> list[Finding]:
+    """One past/present name pattern: a tensor per layer, none beyond, each of a float dtype and the KV shape
+    (the missing ones are added to `missing`)."""
     out = []
     kind = "input" if src is io.g_in else "output"
     rx = re.compile("^" + re.escape(pattern).replace("%d", r"(\d+)") + "$")
@@ -150,10 +165,7 @@ def _kv_tensors(io: _GraphIO, pattern: str, src: dict, dims: _Dims, kv_dtypes: d
         if kind == "input":
             io.expected_in.add(name)
         if i not in found:
-            out.append(_f("export.io", name,
-                          f"graph {kind} '{name}' for layer {i} is missing; genai_config.json declares "
-                          f"{dims.layers} layers, each with a {pattern.split('.')[0]} key and value",
-                          "re-export, or fix num_hidden_layers / the name pattern in genai_config.json"))
+            missing[kind].append((name, i))
             continue
         kv_dtypes[name] = src[name][0]
         out += _kv_tensor(kind, name, src[name], dims)

@@ -34,6 +34,7 @@ def _result(raw) -> dict:
         "level": LEVEL[f.severity],
         "message": {"text": f"{f.message}. Hint: {f.hint}" if f.hint else f.message},
         "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(raw.path) or ".", "uriBaseId": "PKG"}}, **({"logicalLocations": [{"fullyQualifiedName": f.pointer}]} if f.pointer else {})}],
+        **({"properties": {"members": list(f.members)}} if f.members else {}),
     }
 
 

@@ -31,7 +31,9 @@ def schemas(name):
 def checks(ids):
     """List the checks with their ids, severities and docs."""
     from raipack.checks import load_all
+    from raipack.data import load_data
 
+    evidence = load_data("check_evidence.json")["rules"]
     specs = [s for s in load_all().values() if not ids or any(s.id.startswith(i) or s.name == i for i in ids)]
     if ids and not specs:
         raise UsageError(f"no check matches {' '.join(ids)}", "run `raipack checks` to list them")
@@ -39,6 +41,8 @@ def checks(ids):
         click.echo(f"{spec.id} {spec.name} [{spec.severity}]{' (with --' + spec.needs.replace('_', '-') + ')' if spec.needs else ''}")
         for line in spec.doc.splitlines():
             click.echo(f"    {line}")
+        click.echo(f"    At run time ({evidence[spec.id]['effect']}): {evidence[spec.id]['consequence']}")
+        click.echo(f"    Evidence: {evidence[spec.id]['evidence']}")
 
 
 @cli.command()

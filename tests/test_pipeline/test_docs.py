@@ -81,3 +81,26 @@ def test_every_document_named_or_linked_exists():
             missing += [f"{path.relative_to(ROOT)}: {name}" for name in names
                         if not (ROOT / name).exists() and not (path.parent / name).exists()]
     assert missing == [], "documents named that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_every_rule_says_what_fails_at_run_time_and_cites_its_evidence():
+    """pipeline/data/check_evidence.json: each RP rule's effect, consequence and evidence; an
+    error only where the runtime fails, computes wrong results or reads what is not the package;
+    a rule without evidence never an error; advice only for tuning."""
+    from raipack.checks import load_all
+    from raipack.data import load_data
+
+    specs = load_all()
+    rules = load_data("check_evidence.json")["rules"]
+    assert sorted(rules) == sorted(specs), "rules without evidence, or evidence for no rule"
+    allowed = {"error": {"fails", "wrong", "unsafe"}, "warning": {"degrades", "unsafe"}, "advice": {"tuning"}, "info": {"tuning"}}
+    for cid, spec in specs.items():
+        ev = rules[cid]
+        assert len(ev["consequence"]) > 40 and len(ev["evidence"]) > 20, cid
+        assert ev["effect"] in allowed[spec.severity], f"{cid}: a {spec.severity} whose effect is {ev['effect']}"
+        if ev["evidence"].lower().startswith("no evidence found"):
+            assert spec.severity != "error", f"{cid}: an error without evidence"
+    checks_md = (ROOT / "docs" / "checks.md").read_text()
+    for cid in specs:
+        section = checks_md.split(f"## {cid} ", 1)[1].split("\n## ", 1)[0]
+        assert "**At run time:**" in section and "**Evidence:**" in section, cid

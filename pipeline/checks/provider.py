@@ -87,7 +87,11 @@ def cache_folder(ctx):
 def profile_options(ctx):
     """The options the profile requires are present with allowed values; 1.7+
     packages carry a `RyzenAI` provider block; options unknown to the runtime
-    are reported as probable typos (warning)."""
+    are reported as probable typos (warning). A missing required option is an
+    error where the package cannot load without it (`load_bearing` in
+    pipeline/data/ryzenai_options.json: the custom-op library, the weights
+    header), a warning otherwise; so is a value other than the profile's
+    (the runtime runs with it: RP402/RP403 report the values it refuses)."""
     prof = ctx.profile
     genai = ctx.genai
     if not isinstance(genai, dict):
@@ -99,12 +103,14 @@ def profile_options(ctx):
     for key, rule in prof["genai"]["options"].items():
         if key not in opts:
             if rule.get("required"):
-                yield ctx.finding(GENAI, f"option {key} is missing; profile {prof['id']} requires it", "add it to the RyzenAI options", "/model/decoder/session_options")
+                why = known()["load_bearing"].get(key)
+                yield ctx.finding(GENAI, f"option {key} is missing; profile {prof['id']} requires it" + (f": {why}" if why else ""), "add it to the RyzenAI options",
+                                  "/model/decoder/session_options", None if why else "warning")
             continue
         if key == "hybrid_opt_token_backend" and opts[key] not in known()["token_backends"]:
             continue  # RP403 reports a value the runtime rejects outright
         if rule.get("allowed") and str(opts[key]) not in rule["allowed"]:
-            yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; profile {prof['id']} expects {' or '.join(map(repr, rule['allowed']))}", "use the value of the release the package targets", where[key])
+            yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; profile {prof['id']} expects {' or '.join(map(repr, rule['allowed']))}", "use the value of the release the package targets", where[key], "warning")
     names = known()["options"]
     session_keys = set(known()["session_keys"])
     for key, _value, pointer in _ryzen_keys(ctx):

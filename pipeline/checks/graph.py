@@ -56,7 +56,7 @@ def external_data(ctx):
     if g is None:
         return
     for item in contract.external_data_refs(g, ctx.pkg.path(ctx.graph_rel).parent, ctx.pkg.root):
-        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer)
+        yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer, members=item.members)
 
 
 @check("RP703", "io-contract")

@@ -352,6 +352,7 @@ def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path
     base = Path(root).resolve() if root is not None else graph_dir
     sizes: dict[str, int | str] = {}
     resolved: dict[str, Path] = {}  # one resolve (a stat per path component) per location, not per tensor
+    pending: dict[tuple[str, str], list[Finding]] = {}
     for t, where in _external_tensors(model):
         if t.data_location != TensorProto.EXTERNAL:
             continue
@@ -380,8 +381,8 @@ def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path
             sizes[loc] = _data_file_size(path)
         size = sizes[loc]
         if isinstance(size, str):
-            out.append(_f("export.external_data", t.name, f"{name} points at '{loc}', which {size}",
-                          "copy the external data file next to the model or re-export"))
+            pending.setdefault((loc, f"tensors point at '{loc}', which {size}"), []).append(
+                _f("export.external_data", t.name, f"{name} points at '{loc}', which {size}", "copy the external data file next to the model or re-export"))
             continue
         try:
             offset = int(info.get("offset", 0) or 0)
@@ -394,13 +395,15 @@ def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path
         if length is None:
             length = expected if expected is not None else size - offset
         if offset < 0 or length < 0 or offset + length > size:
-            out.append(_f("export.external_data", t.name,
-                          f"{name} reads bytes {offset}..{offset + length} of '{loc}', which has only {size} bytes",
-                          "the data file is truncated or from another export: re-export, or fetch the real file (Git LFS?)"))
+            pending.setdefault((loc, f"tensors read past the end of '{loc}', which has only {size} bytes"), []).append(
+                _f("export.external_data", t.name, f"{name} reads bytes {offset}..{offset + length} of '{loc}', which has only {size} bytes",
+                   "the data file is truncated or from another export: re-export, or fetch the real file (Git LFS?)"))
         elif expected is not None and length != expected:
             out.append(_f("export.external_data", t.name,
                           f"{name} ({_tname(t.data_type)} {list(t.dims)}) needs {expected} bytes, its external length is {length}",
                           "re-export; the graph and its data file disagree"))
+    for (_loc, summary), items in pending.items():  # a missing or truncated file: one finding for all its tensors
+        out += grouped(items, summary)
     return out
 
 

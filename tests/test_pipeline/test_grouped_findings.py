@@ -72,3 +72,12 @@ def test_text_prints_five_findings_of_one_rule_on_a_file_then_how_many_more():
     assert "… 7 more RP702 errors on this file (the json and sarif reports list every one)" in text
     assert "RP701 uses operator domain 'x'" in text
     assert len(json.loads(REPORTERS["json"]([Result("pkg", "p", "why", findings)], 1))["results"][0]["findings"]) == 13
+
+
+def test_a_missing_data_file_is_one_finding_for_all_its_tensors(tmp_path):
+    pkg = make_package(tmp_path, "1.8.0-npu-16K", Dims(layers=4))
+    (pkg / "model.onnx.data").unlink()
+    [found] = validate(pkg, select=["RP702"]).findings
+    assert found.severity == "error" and len(found.members) == 2 + 3 * 4  # embedding, lm_head, 3 tensors per layer
+    assert f": {len(found.members)} tensors point at 'model.onnx.data', which does not exist" in found.message
+    assert "model.embed_tokens.weight" in found.members

@@ -17,7 +17,9 @@ def length_limits(ctx):
     """The length settings agree: `search.max_length` ≤ `context_length`;
     `chunk_size` ≤ `max_length`; `max_length_for_kv_cache` ≥ `max_length`;
     every `rai_config.max_prompt_length` ≤ `max_length` and, without chunked
-    prefill, ≤ `hybrid_opt_max_seq_length`; and no higher than the NPU limit
+    prefill, ≤ `hybrid_opt_max_seq_length` (so is a hybrid package's
+    `max_length`: AMD documents chunked prefill for hybrid models past 4096
+    tokens in total); and no higher than the NPU limit
     the profile records for that Ryzen AI version. Each disagreement is a
     warning that names the length past which requests fail: the package runs
     every shorter one (AMD's 1.6 NPU folders ship `max_length` 32768 over a
@@ -31,6 +33,8 @@ def length_limits(ctx):
     if kv and ml and kv < ml:
         _, where = ctx.options
         yield ctx.finding(GENAI, f"max_length_for_kv_cache is {kv}, below search.max_length {ml}: the static KV buffer holds {kv} tokens, so a request whose prompt and output pass {kv} tokens fails; shorter ones run", f"keep prompt + output within {kv} tokens, or lower search.max_length to {kv} (raipack tune --max-length {kv})", where["max_length_for_kv_cache"])
+    elif ml and seq and ml > seq and not L["chunked"] and ctx.profile["target"] == "hybrid":
+        yield ctx.finding(GENAI, f"search.max_length is {ml}, above hybrid_opt_max_seq_length {seq} with chunked prefill off: past {seq} tokens in total a hybrid package needs chunked prefill", f"keep prompt + output within {seq} tokens, or turn on chunked prefill: hybrid_opt_chunk_context \"1\" and a search.chunk_size (AMD's long-context steps)", "/search/max_length")
     limits = ctx.profile.get("max_prompt_length", {})
     for version, n in sorted(L["max_prompt"].items()):
         pointer = f"/max_prompt_length/{version}"

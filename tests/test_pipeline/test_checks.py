@@ -148,6 +148,7 @@ CASES = [
     ("kv-buffer-small", P16_OLD, _json(GENAI, lambda d: d["model"]["decoder"]["session_options"]["config_entries"].__setitem__("max_length_for_kv_cache", "2048")), "RP501", "warning", GENAI),
     ("prompt-above-max", P4, _json("rai_config.json", lambda d: d["max_prompt_length"].__setitem__("1.8.0", 8192)), "RP501", "warning", "rai_config.json"),
     ("prompt-above-npu", P4, lambda p: (_opt("hybrid_opt_chunk_context", "0")(p), _opt("hybrid_opt_max_seq_length", "2048")(p)), "RP501", "warning", "rai_config.json"),
+    ("hybrid-past-one-pass", "1.7.1-hybrid", _json(GENAI, lambda d: d["search"].__setitem__("max_length", 8192)), "RP501", "warning", GENAI),
     ("prompt-above-sdk", P16, _json("rai_config.json", lambda d: d["max_prompt_length"].__setitem__("1.5.0", 4096)), "RP501", "warning", "rai_config.json"),
     ("layers-disagree", P16, _json("config.json", lambda d: d.__setitem__("num_hidden_layers", 3)), "RP502", "error", GENAI),
     ("tokenizer-too-big", P16, _json("config.json", lambda d: d.__setitem__("vocab_size", 100)) , "RP502", "error", ""),

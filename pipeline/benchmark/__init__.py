@@ -8,7 +8,7 @@ really ran named in every row.
 - Backends: `reference` (raipack's reference runtime on the package), `oga` (onnxruntime-genai on
   the package's unfused export, found through the manifest's lineage in the build cache, or given
   with --export), `npu` (onnxruntime-genai with the RyzenAI provider, only where
-  stages/smoke/npu.py finds the provider library and the package can be handed to it). By default
+  pipeline/runtime/readiness.py says the NPU can run the package here). By default
   the package and its export side by side, with the ratio of every figure.
 - Each backend runs in a child process (pipeline/benchmark/child.py) started from an empty folder:
   its peak memory is its own, and nothing is imported from the current folder.
@@ -112,18 +112,12 @@ def find_export(package: Path, root: Path | None = None) -> tuple[Path | None, s
 
 
 def npu_ready(package: Path, export: Path | None) -> tuple[dict | None, str]:
-    """(the npu child's environment, "") when the RyzenAI provider can be tried, else (None, why not)."""
-    import importlib.util
+    """(the npu child's environment, "") when the NPU can run the package here, else (None, why not):
+    pipeline/runtime/readiness.py's answer, the one smoke, eval and doctor get."""
+    from raipack.runtime.readiness import npu_readiness
 
-    from raipack.stages.smoke.npu import EP_ENV, find_provider_library, package_problem
-
-    library, why = find_provider_library([package.resolve(), *([export.resolve()] if export else [])])
-    if library is None:
-        return None, why
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return None, "onnxruntime-genai is not installed"
-    problem = package_problem(package.resolve())
-    return ({EP_ENV: str(library)}, "") if not problem else (None, problem)
+    readiness = npu_readiness(package, [export] if export else [])
+    return (readiness.child_env(), "") if readiness.ready else (None, readiness.reason)
 
 
 def make_plan(package: Path, lengths: list[int] | None, gen: int, runs: int, warmup: int, backend: str | None, export: Path | None = None) -> Plan:

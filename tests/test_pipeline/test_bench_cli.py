@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from factory import reference_export, reference_package
+from fake_machine import fake_machine
 from raipack.benchmark import Plan, bench, find_export, make_plan, npu_ready, parse_lengths
 from raipack.benchmark.render import as_csv, as_text
 from raipack.cli import main
@@ -148,6 +149,7 @@ def test_npu_is_tried_only_with_a_provider_library_outside_the_inputs(tmp_path, 
     lib.parent.mkdir()
     lib.write_bytes(b"\x7fELF")
     monkeypatch.setenv("RYZENAI_EP_PATH", str(lib))
+    fake_machine(monkeypatch)  # the NPU, the library loading and OGA's provider: probes of a machine we lack
     env, why = npu_ready(pkg, None)
     assert env == {"RYZENAI_EP_PATH": str(lib.resolve())} and why == ""
     env, why = npu_ready(pkg, lib.parent)  # a library inside the export is never loaded

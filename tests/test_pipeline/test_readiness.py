@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_machine import fake_machine
+from fake_machine import fake_machine, fake_oga
 from helpers import edit_json
 from raipack import doctor
 from raipack.benchmark import npu_ready
@@ -14,22 +14,6 @@ from raipack.npu.settings import INSTALL_ENV
 from raipack.runtime.provider import EP_ENV, LIBRARY
 from raipack.runtime.readiness import ORDER, npu_readiness
 from raipack.stages.smoke.npu import try_npu
-
-# A stand-in onnxruntime_genai for the smoke child on a ready machine: loads on RyzenAI, counts tokens.
-FAKE_OGA = """__version__ = "0.0-fake"
-class Model:
-    device_type = "RyzenAI"
-    def __init__(self, path): pass
-class GeneratorParams:
-    def __init__(self, model): pass
-    def set_search_options(self, **kw): pass
-class Generator:
-    def __init__(self, model, params): self.n = 0
-    def append_tokens(self, ids): pass
-    def is_done(self): return False
-    def generate_next_token(self): self.n += 1
-    def get_next_tokens(self): return [40 + self.n]
-"""
 
 MACHINES = {
     "no provider library": ({}, "no RyzenAI provider library found"),
@@ -71,10 +55,7 @@ def test_smoke_bench_eval_and_doctor_give_one_answer(machine, make_pkg, tmp_path
     if machine == "package names a library":
         edit_json(pkg / "genai_config.json", lambda d: d["model"]["decoder"]["session_options"].update(custom_ops_library="ops.so"))
     if machine == "ready":
-        fake = tmp_path / "fake-oga" / "onnxruntime_genai"
-        fake.mkdir(parents=True)
-        (fake / "__init__.py").write_text(FAKE_OGA)
-        monkeypatch.setenv("PYTHONPATH", str(fake.parent))  # the smoke child imports it; nothing in-process does
+        monkeypatch.setenv("PYTHONPATH", str(fake_oga(tmp_path)))  # the smoke child imports it; nothing in-process does
 
     expected = npu_readiness(pkg)
     said, report = answers(pkg)

@@ -147,7 +147,7 @@ def read(folder: Path) -> Handover:
         raise UsageError(f"{path} is not a raipack hand-over (format {FORMAT}, version 1)", MAKE_HINT)
     try:
         entries = [(e["stage"], e["path"], e["cache_key"], e["sha256"]) for e in doc["stages"]]
-        doc["recipe"]["profile"], doc["next"]  # noqa: B018 - present, or the KeyError below
+        doc["recipe"]["profile"], doc["next"]  # present, or the KeyError below
     except (KeyError, TypeError):
         raise UsageError(f"{path} lacks a field raipack writes (stages[].stage/path/cache_key/sha256, recipe.profile, next)", MAKE_HINT) from None
     handover = Handover(folder, doc)

@@ -36,7 +36,7 @@ class TorchBackend:
         self._torch = torch
         try:
             self.model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, dtype=torch.float32).eval()
-        except Exception as exc:  # noqa: BLE001  (transformers raises many kinds for a folder it cannot load)
+        except Exception as exc:  # transformers raises many kinds for a folder it cannot load
             raise RaipackError(f"transformers cannot load {folder} as a {kind} model: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                                "check the folder with raipack validate; a Quark folder needs amd-quark installed") from None
         cfg = self.model.config

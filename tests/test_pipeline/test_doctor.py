@@ -61,7 +61,7 @@ def test_this_machine_says_no_npu_and_no_provider(make_pkg, capsys, no_provider_
     assert ("DR001" in out) is not npu_here and ("no NPU here" in out) is not npu_here
     assert "ERROR DR005: no RyzenAI provider library found" in out and "fix:" in out
     assert "needs Ryzen AI 1.8.0" in out and "onnxruntime-genai 0.14.0" in out
-    import onnxruntime_genai  # noqa: F401  (only to read its version for the comparison)
+    import onnxruntime_genai  # only to read its version for the comparison
 
     assert f"onnxruntime-genai: {onnxruntime_genai.__version__}" in out
     assert out.rstrip().endswith("error(s)") and out.rstrip().splitlines()[-1].startswith("will not run here")

@@ -2,7 +2,7 @@
 
 - import-linter's contracts (pyproject.toml [tool.importlinter]) are all kept, and each of them bites: a
   copy of pipeline/ and stages/ with one deliberately broken import per contract fails, naming it;
-- ruff (pyproject.toml [tool.ruff]) finds nothing, and its statement limit bites;
+- ruff (pyproject.toml [tool.ruff]) finds nothing, sees every tracked *.py, and its limits bite;
 - pyproject.toml's hand-written package list is exactly the folders that have an __init__.py.
 """
 
@@ -144,12 +144,16 @@ def test_the_coverage_check_catches_an_excluded_folder(exclude):
     assert builder and set(builder) <= set(missing), missing
 
 
-def test_ruff_limits_a_function_size(tmp_path):
-    """A function of 80 statements breaks the configured statement limit (PLR0915)."""
-    body = "".join(f"    x{i} = {i}\n" for i in range(80))
-    (tmp_path / "long.py").write_text(f"def long():\n{body}    return x0\n")
-    proc = ruff("--config", str(REPO / "pyproject.toml"), str(tmp_path / "long.py"), cwd=tmp_path)
-    assert proc.returncode == 1 and "PLR0915" in proc.stdout, proc.stdout + proc.stderr
+@pytest.mark.parametrize("rule, source", [
+    ("PLR0915", "def long():\n" + "".join(f"    x{i} = {i}\n" for i in range(80)) + "    return x0\n"),  # 80 statements
+    ("PLR0913", "def wide(a, b, c, d, e, f, g):\n    return a\n"),  # 7 parameters: they belong in a typed object
+    ("RUF100", "x = 1  # noqa: E501\n"),  # a noqa for nothing hides the next real finding
+])
+def test_ruff_limits_bite(tmp_path, rule, source):
+    """Each configured limit fails the gate on a file that breaks it."""
+    (tmp_path / "bad.py").write_text(source)
+    proc = ruff("--config", str(REPO / "pyproject.toml"), str(tmp_path / "bad.py"), cwd=tmp_path)
+    assert proc.returncode == 1 and rule in proc.stdout, proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------ packaging

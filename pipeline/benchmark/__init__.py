@@ -120,8 +120,18 @@ def npu_ready(package: Path, export: Path | None) -> tuple[dict | None, str]:
     return (readiness.child_env(), "") if readiness.ready else (None, readiness.reason)
 
 
-def make_plan(package: Path, lengths: list[int] | None, gen: int, runs: int, warmup: int, backend: str | None, export: Path | None = None) -> Plan:
+@dataclass(frozen=True)
+class Runs:
+    """How each prompt length is measured."""
+
+    gen: int = 128  # tokens generated after each prompt
+    runs: int = 3  # timed runs (median, min, max)
+    warmup: int = 1  # untimed runs first
+
+
+def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str | None = None, export: Path | None = None) -> Plan:
     """Everything checked and settled before anything runs."""
+    gen = runs.gen
     package = Path(package)
     if not package.is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
@@ -134,7 +144,7 @@ def make_plan(package: Path, lengths: list[int] | None, gen: int, runs: int, war
             notes.append(f"export not found: {why}; " + ("measuring the package alone" if backend is None else "nothing to run on onnxruntime-genai"))
     if backend == "oga" and export is None:
         raise RaipackError(f"--backend oga needs the package's unfused export: {notes[-1]}", "pass --export DIR, the export stage's folder of the build")
-    plan = Plan(package, lengths, gen, runs, warmup, [], notes=notes)
+    plan = Plan(package, lengths, gen, runs.runs, runs.warmup, [], notes=notes)
     if backend == "npu":
         env, why = npu_ready(package, export)
         if env is None:

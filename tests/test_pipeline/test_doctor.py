@@ -112,13 +112,13 @@ def _session(doc):
     return doc["model"]["decoder"]["session_options"]
 
 
-@pytest.mark.parametrize("fault, edit, code, severity, words", [
-    ("windows path", lambda d: _session(d)["provider_options"][0]["RyzenAI"].update(external_data_file="C:\\models\\llama\\model.pb.bin"), "DR104", "error", "/model/decoder/session_options/provider_options/0/RyzenAI/external_data_file"),
-    ("absolute path", lambda d: d["model"]["decoder"].update(filename="/home/me/model.onnx"), "DR104", "error", "absolute or Windows-only"),
-    ("config_entries", lambda d: _session(d).update(config_entries={"hybrid_opt_token_backend": "npu"}), "DR103", "warning", "deprecated since Ryzen AI 1.7.0"),
-    ("custom ops missing", lambda d: _session(d).update(custom_ops_library="onnx_custom_ops.dll"), "DR106", "error", "'onnx_custom_ops.dll'"),
+@pytest.mark.parametrize("edit, code, severity, words", [
+    pytest.param(lambda d: _session(d)["provider_options"][0]["RyzenAI"].update(external_data_file="C:\\models\\llama\\model.pb.bin"), "DR104", "error", "/model/decoder/session_options/provider_options/0/RyzenAI/external_data_file", id="windows path"),
+    pytest.param(lambda d: d["model"]["decoder"].update(filename="/home/me/model.onnx"), "DR104", "error", "absolute or Windows-only", id="absolute path"),
+    pytest.param(lambda d: _session(d).update(config_entries={"hybrid_opt_token_backend": "npu"}), "DR103", "warning", "deprecated since Ryzen AI 1.7.0", id="config_entries"),
+    pytest.param(lambda d: _session(d).update(custom_ops_library="onnx_custom_ops.dll"), "DR106", "error", "'onnx_custom_ops.dll'", id="custom ops missing"),
 ])
-def test_package_faults(make_pkg, ready_machine, fault, edit, code, severity, words):
+def test_package_faults(make_pkg, ready_machine, edit, code, severity, words):
     pkg = make_pkg("1.8.0-npu-16K")
     edit_json(pkg / "genai_config.json", edit)
     report = doctor.doctor(pkg)

@@ -178,11 +178,8 @@ def stage_report(out_root: Path, stage: str) -> dict:
     return {}
 
 
-def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, smoke_max_tier: int | None, on_row=None) -> list[dict]:
-    """Each stage in a process of its own (`--until STAGE`; the earlier ones are cache hits);
-    `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows)."""
-    from raipack.builder import stages
-
+def write_recipe(model: Path, algorithm: str, out_root: Path, tmp: Path, smoke_max_tier: int | None) -> Path:
+    """The recipe of one algorithm's build of `model` into `out_root`, written into `tmp`."""
     recipe = tmp / f"recipe-{algorithm}.toml"
     lines = [f'model = "{model}"', f'name = "{model.name}-{algorithm}"', f'output = "{out_root}"', "[quantize]", f'algorithm = "{algorithm}"']
     if algorithm != "rtn":
@@ -190,6 +187,14 @@ def build_stages(model: Path, algorithm: str, out_root: Path, env: dict, tmp: Pa
     if smoke_max_tier:
         lines += ["[smoke]", f"max_tier = {smoke_max_tier}"]
     recipe.write_text("\n".join(lines) + "\n")
+    return recipe
+
+
+def build_stages(recipe: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, on_row=None) -> list[dict]:
+    """Each stage of `recipe` in a process of its own (`--until STAGE`; the earlier ones are cache hits);
+    `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows)."""
+    from raipack.builder import stages
+
     rows = []
     for name in stages.order():
         if stages.get(name).kind == stages.MODEL_KIND:
@@ -343,8 +348,8 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
         print(f"model folder {model}: {result['model']['bytes'] / GIB:.2f} GiB in {result['model']['seconds']} s", flush=True)
     for algorithm in args.algorithms.split(","):
         out_root = work / f"build-{algorithm}"
-        rows = build_stages(model, algorithm, out_root, env, work, args.smoke_max_tier,
-                            on_row=lambda row: (result["rows"].append(row), save(result, target)))
+        recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
+        rows = build_stages(recipe, algorithm, out_root, env, work, on_row=lambda row: (result["rows"].append(row), save(result, target)))
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]
         if not pkgs or any(r["rc"] for r in rows):
             continue

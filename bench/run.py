@@ -46,7 +46,7 @@ def _measure(group: str) -> list[dict]:
         mod = importlib.import_module(group)
         with tempfile.TemporaryDirectory(prefix=f"raipack-bench-{group}-") as tmp:
             rows = list(mod.rows(Path(tmp)))
-    except Exception as err:  # noqa: BLE001 - a failed group is reported as a row and fails the run
+    except Exception as err:  # a failed group is reported as a row and fails the run
         traceback.print_exc(file=sys.stderr)
         return [{"group": group, "name": f"{group} (not measured)", "value": "error", "ratio": None, "baseline": "", "goal": "measured",
                  "ok": False, "error": f"{type(err).__name__}: {err}", "note": f"{type(err).__name__}: {err}"}]

@@ -50,27 +50,35 @@ class Report:
 
 # -- the environment -----------------------------------------------------------------------------
 
-def environment(untrusted=()) -> tuple[dict, list[Problem]]:
-    """What this machine has, and the problems it alone causes for any NPU package.
-    `untrusted`: folders no provider library is loaded from (the package)."""
-    from raipack.stages.smoke.npu import EP_ENV, find_provider_library
+def environment(package: Path | None = None) -> tuple[dict, list[Problem]]:
+    """What this machine has, and the problems it causes for `package` (None: for any NPU package).
+    The NPU facts are pipeline/runtime/readiness.py's checks, every one asked: the answer smoke, bench
+    and eval get. No provider library is loaded from the package."""
+    from raipack.runtime import probes
+    from raipack.runtime.provider import EP_ENV
+    from raipack.runtime.readiness import npu_readiness
 
     genai, ort = machine.installed("onnxruntime_genai"), machine.installed("onnxruntime")
     release = machine.release_of(genai[1]) if genai else None
-    library, why = find_provider_library(untrusted)
-    loads, load_why = machine.library_loads(library) if library else (None, "")
-    known, how = machine.provider_known() if genai else (False, "onnxruntime-genai is not installed")
+    readiness = npu_readiness(package, every=True)
+    found, loads, known = (readiness.check(n) for n in ("provider_library", "library_loads", "ryzenai_provider"))
     env = {
         "platform": sys.platform,
         "onnxruntime_genai": {"distribution": genai[0], "version": genai[1]} if genai else None,
         "onnxruntime": {"distribution": ort[0], "version": ort[1]} if ort else None,
         "release": {k: release[k] for k in ("release", "confidence", "source")} if release else None,
-        "ryzenai_provider": {"known": known, "detail": how},
-        "provider_library": {"path": str(library) if library else None, "loads": loads, "detail": load_why or why},
-        "npu": machine.npu_device(),
-        "sdk": machine.sdk_install(),
+        "ryzenai_provider": {"known": known.ok, "detail": known.detail},
+        "provider_library": {"path": str(readiness.library) if readiness.library else None, "loads": loads.ok,
+                             "detail": found.detail if readiness.library is None else loads.detail},
+        "npu": readiness.npu,
+        "sdk": probes.sdk_install(),
+        "npu_readiness": {"ready": readiness.ready, "reason": readiness.reason},
     }
+    package_check = readiness.check("package")
     problems = _npu_problems(env["npu"]) + _runtime_problems(env, genai) + _library_problems(env, EP_ENV)
+    if package_check is not None and package_check.ok is False:
+        problems.append(Problem("DR107", "warning", f"raipack's smoke, bench and eval will not try it on the NPU: {package_check.detail}",
+                                "keep the package's genai_config.json to the RyzenAI provider and the libraries of the Ryzen AI install"))
     return env, problems
 
 
@@ -114,7 +122,7 @@ def _library_problems(env: dict, ep_env: str) -> list[Problem]:
         out.append(Problem("DR005", "error", lib["detail"],
                        f"install the Ryzen AI runtime and set {ep_env} to its libonnxruntime_providers_ryzenai library (absolute path), or RYZEN_AI_INSTALLATION_PATH to the install"))
     elif lib["loads"] is False:
-        out.append(Problem("DR006", "error", f"the RyzenAI provider library {lib['path']} does not load: {lib['detail']}",
+        out.append(Problem("DR006", "error", lib["detail"],
                            "install the provider library of your Ryzen AI release for this platform, with its dependencies on the library path"))
     return out
 
@@ -213,7 +221,7 @@ def _paths(doc, pointer: str = ""):
 
 def doctor(package: Path | None = None) -> Report:
     opened = open_package(package) if package is not None else None  # no package there: exit 3 before probing
-    env, problems = environment([opened[0].pkg.root] if opened else [])
+    env, problems = environment(opened[0].pkg.root if opened else None)
     report = Report(env, findings=problems)
     if opened is not None:
         report.package, more = check_package(opened, env)
@@ -240,6 +248,7 @@ def as_text(report: Report) -> str:
              f"  RyzenAI provider in onnxruntime-genai: { {True: 'known', False: 'not known'}.get(env['ryzenai_provider']['known'], 'could not tell')} ({env['ryzenai_provider']['detail']})",
              f"  RyzenAI provider library: {env['provider_library']['path'] or 'none'}" + (" (loads)" if env["provider_library"]["loads"] else ""),
              f"  NPU: {'yes' if env['npu']['present'] else 'none'} ({env['npu']['detail']})",
+             f"  NPU readiness (smoke, bench, eval): {'ready' if env['npu_readiness']['ready'] else 'not ready: ' + env['npu_readiness']['reason']}",
              f"  Ryzen AI SDK: {env['sdk']['version'] or 'version unknown'} at {env['sdk']['path']}" if env["sdk"]["path"] else "  Ryzen AI SDK: RYZEN_AI_INSTALLATION_PATH not set"]
     if report.package:
         pkg, needs = report.package, report.package["needs"]

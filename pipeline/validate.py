@@ -10,6 +10,7 @@ from raipack.checks import Context, run_checks
 from raipack.core.errors import NothingToValidate, RaipackError, UsageError
 from raipack.core.findings import Result
 from raipack.core.package import Package, role_of
+from raipack.core.selection import Selection
 from raipack.modelpackage import check as model_package
 from raipack.npu import profile as profiles
 
@@ -60,14 +61,15 @@ def _model_type(pkg: Package) -> str | None:
     return None
 
 
-def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None) -> Result:
-    """Validate a folder; `virtual` maps file names to JSON documents that count
-    as present (the runner checks a staged folder with its future manifest)."""
+def validate(path: Path, profile: str = "auto", *, jobs: int | None = None, virtual: dict | None = None, **selection) -> Result:
+    """Validate a folder; `selection` is Selection's fields (select, ignore, verify_hashes); `virtual` maps
+    file names to JSON documents that count as present (the runner checks a staged folder with its future manifest)."""
+    chosen = Selection(**selection)
     if profile == model_package.PROFILE or (profile == "auto" and model_package.is_model_package(path)):  # each variant with its own profile
-        return model_package.validate_package(Path(path), select, ignore, verify_hashes, jobs)
+        return model_package.validate_package(Path(path), chosen, jobs)
     start = time.perf_counter()
-    ctx, reason = open_package(path, profile, verify_hashes, jobs, virtual)
-    findings, ran = run_checks(ctx, select, ignore)
+    ctx, reason = open_package(path, profile, chosen.verify_hashes, jobs, virtual)
+    findings, ran = run_checks(ctx, chosen.select, chosen.ignore)
     return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
 
 
@@ -106,15 +108,18 @@ def validate_one(arg: dict) -> Result | RaipackError:
     """One folder of a many-package run, in whatever process runs it: its Result,
     or the user error that stopped it (returned, so one bad folder stops no other)."""
     try:
-        return validate(Path(arg["path"]), arg["profile"], tuple(arg["select"]), tuple(arg["ignore"]), arg["verify_hashes"], arg["threads"])
+        return validate(Path(arg["path"]), arg["profile"], jobs=arg["threads"], select=tuple(arg["select"]), ignore=tuple(arg["ignore"]),
+                        verify_hashes=arg["verify_hashes"])
     except RaipackError as exc:
         return exc
 
 
-def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int = 1, executor=None) -> list[Result | RaipackError]:
+def validate_all(paths, profile: str = "auto", *, jobs: int = 1, executor=None, **selection) -> list[Result | RaipackError]:
     """Validate every package of PATHS (zoos expanded): in this process, in a pool of
     `jobs` worker processes, or as tasks of `executor` (submit/wait/result, e.g. a
-    RayExecutor); one outcome per folder, in order."""
+    RayExecutor); one outcome per folder, in order. `selection`: Selection's fields."""
+    chosen = Selection(**selection)
+    select, ignore, verify_hashes = chosen.select, chosen.ignore, chosen.verify_hashes
     folders = expand(paths)
     many = len(folders) > 1
     threads = max(1, (os.cpu_count() or 1) // jobs) if many else jobs if jobs > 1 else None

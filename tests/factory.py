@@ -251,13 +251,23 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make_package(root: Path, profile_id: str, d: Dims | None = None, *, sparse: bool = False, npu_bytes: int = 4096, data_bytes: int = 0, name: str | None = None, max_length: int | None = None) -> Path:
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of a made package's large files, for size-shaped tests."""
+
+    sparse: bool = False  # written as holes, not bytes
+    npu_bytes: int = 4096  # model.bin (the NPU weights)
+    data_bytes: int = 0  # the graph's external data file grown to this size
+
+
+def make_package(root: Path, profile_id: str, d: Dims | None = None, *, name: str | None = None, max_length: int | None = None, **sizes) -> Path:
     """Write a package that validates clean under `profile_id`; return its folder.
 
     `root` is the parent; the folder is named like the real packages of the
-    profile unless `name` is given. `data_bytes` grows the graph's external
-    data file to that size (sparse when `sparse`), for size-shaped tests.
+    profile unless `name` is given. `sizes` are Sizes' fields (data_bytes=1 << 30, sparse=True).
     """
+    chosen = Sizes(**sizes)
+    sparse, npu_bytes, data_bytes = chosen.sparse, chosen.npu_bytes, chosen.data_bytes
     profile = get_profile(profile_id)
     pkg = Path(root) / (name or folder_name(profile))
     if profile["target"] == "reference":

@@ -2,7 +2,7 @@
 
 - import-linter's contracts (pyproject.toml [tool.importlinter]) are all kept, and each of them bites: a
   copy of pipeline/ and stages/ with one deliberately broken import per contract fails, naming it;
-- ruff (pyproject.toml [tool.ruff]) finds nothing, and its statement limit bites;
+- ruff (pyproject.toml [tool.ruff]) finds nothing, sees every tracked *.py, and its limits bite;
 - pyproject.toml's hand-written package list is exactly the folders that have an __init__.py.
 """
 
@@ -114,12 +114,46 @@ def test_ruff_finds_nothing():
     assert proc.returncode == 0, f"ruff check:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
 
 
-def test_ruff_limits_a_function_size(tmp_path):
-    """A function of 80 statements breaks the configured statement limit (PLR0915)."""
-    body = "".join(f"    x{i} = {i}\n" for i in range(80))
-    (tmp_path / "long.py").write_text(f"def long():\n{body}    return x0\n")
-    proc = ruff("--config", str(REPO / "pyproject.toml"), str(tmp_path / "long.py"), cwd=tmp_path)
-    assert proc.returncode == 1 and "PLR0915" in proc.stdout, proc.stdout + proc.stderr
+LINTED = ("pipeline", "stages", "bench", "tests")  # the folders whose every tracked *.py the gate must see
+
+
+def unlinted(*args: str) -> list[str]:
+    """The tracked *.py files under LINTED that `ruff check --show-files` (with `args`) leaves out."""
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--", *(f"{d}/*.py" for d in LINTED)],
+                             capture_output=True, text=True, timeout=60)
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout, so the tracked files are unknown: {tracked.stderr.strip()}")
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--show-files", *args],
+                          cwd=REPO, env=WIDE, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    shown = {Path(line).resolve().relative_to(REPO).as_posix() for line in proc.stdout.splitlines() if line.strip()}
+    return sorted(f for f in tracked.stdout.split("\0") if f and f not in shown)
+
+
+def test_ruff_sees_every_tracked_python_file():
+    """The gate lints all of pipeline/, stages/, bench/ and tests/: a bare name in an exclude (ruff matches
+    it at any depth) once hid all of pipeline/build/."""
+    assert unlinted() == [], "ruff check skips these tracked files: anchor the excludes in pyproject.toml [tool.ruff] to the root"
+
+
+@pytest.mark.parametrize("exclude", ["pipeline/builder", "builder"])
+def test_the_coverage_check_catches_an_excluded_folder(exclude):
+    """A folder dropped from the gate (anchored, or by a bare name that matches at any depth) is reported."""
+    missing = unlinted("--extend-exclude", exclude)
+    builder = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", "pipeline/builder/*.py"], capture_output=True, text=True).stdout.split()
+    assert builder and set(builder) <= set(missing), missing
+
+
+@pytest.mark.parametrize("rule, source", [
+    ("PLR0915", "def long():\n" + "".join(f"    x{i} = {i}\n" for i in range(80)) + "    return x0\n"),  # 80 statements
+    ("PLR0913", "def wide(a, b, c, d, e, f, g):\n    return a\n"),  # 7 parameters: they belong in a typed object
+    ("RUF100", "x = 1  # noqa: E501\n"),  # a noqa for nothing hides the next real finding
+])
+def test_ruff_limits_bite(tmp_path, rule, source):
+    """Each configured limit fails the gate on a file that breaks it."""
+    (tmp_path / "bad.py").write_text(source)
+    proc = ruff("--config", str(REPO / "pyproject.toml"), str(tmp_path / "bad.py"), cwd=tmp_path)
+    assert proc.returncode == 1 and rule in proc.stdout, proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------ packaging

@@ -23,6 +23,7 @@ from raipack.batch.jobs import Executor, StageJob, job_key, run_stage_job
 from raipack.batch.matrix import Entry
 from raipack.batch.resources import estimate
 from raipack.builder import runner, stages
+from raipack.builder.context import BuildContext
 from raipack.core.errors import RaipackError
 from raipack.npu import profile as profiles
 
@@ -164,7 +165,8 @@ class Batch:
         recipe = run.entry.recipe
         try:
             Path(recipe.output).mkdir(parents=True, exist_ok=True)
-            package, _ = runner.assemble_package(recipe, profiles.get(recipe.profile), run.results, run.outputs, run.started, self.root, warn=self.warn)
+            ctx = BuildContext(recipe, profiles.get(recipe.profile), self.root, outputs=run.outputs, started=run.started, warn=self.warn)
+            package, _ = runner.assemble_package(ctx, run.results)
         except (RaipackError, OSError) as exc:
             self._fail(run, "assemble", str(exc), getattr(exc, "hint", "") or "")
             return

@@ -10,14 +10,13 @@ with one entry (pipeline/builder/cache.py: committing).
 from __future__ import annotations
 
 import dataclasses
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from raipack.builder import cache, runner, stages, staging
 from raipack.builder.config import parse_config
-from raipack.builder.progress import Progress
+from raipack.builder.context import BuildContext
 from raipack.builder.recipe import Recipe
 from raipack.npu import profile as profiles
 
@@ -55,8 +54,8 @@ def run_stage_job(job: dict) -> dict:
     root = Path(job["cache_root"]) if job.get("cache_root") else cache.cache_root()
     staging.hold(root)  # this process is a live writer of the cache: no sweep takes its staging folder
     try:
-        res = runner.run_stage(st, recipe, profile, outputs, reports, progress=Progress("quiet", stream=io.StringIO()),
-                               cache_root=root, force=bool(job.get("force")))
+        ctx = BuildContext(recipe, profile, root, outputs=outputs, reports=reports)  # quiet progress: the batch prints its own lines
+        res = runner.run_stage(st, ctx, force=bool(job.get("force")))
     finally:
         staging.release(root)
     return {"stage": res.name, "key": res.key, "path": res.path, "status": res.status, "report": res.report, "seconds": round(res.seconds, 3)}

@@ -54,10 +54,9 @@ def load(path: Path) -> Matrix:
     _unique(path, [s.get("name") for s in sets], "overrides", "name")
     for pid in doc["profiles"]:
         _profile(path, pid)
-    output = base / doc.get("output", "zoo")
-    checked: dict = {}  # each model folder is checked once (pipeline/builder/inputs.py), however many entries use it
-    entries = [_entry(path, base, output, m, pid, doc.get("recipe", {}), s, many=len(sets) > 1, checked=checked)
-               for m in doc["models"] for pid in doc["profiles"] for s in sets]
+    reading = _Reading(path, base, base / doc.get("output", "zoo"), doc.get("recipe", {}), many=len(sets) > 1)
+    entries = [_entry(reading, m, pid, s) for m in doc["models"] for pid in doc["profiles"] for s in sets]
+    output = reading.output
     return Matrix(path, entries, output, doc.get("jobs"), doc.get("executor"), doc.get("model_package", {}))
 
 
@@ -77,16 +76,28 @@ def _profile(path: Path, pid: str) -> None:
         raise UsageError(f"{path}: /profiles: {pid!r} is not a profile; expected a target profile id", "see `raipack profiles`") from None
 
 
-def _entry(path: Path, base: Path, output: Path, model: dict, pid: str, common: dict, override: dict, many: bool, checked: dict) -> Entry:
+@dataclass
+class _Reading:
+    """The matrix file being read: what every entry's recipe is built from."""
+
+    path: Path
+    base: Path  # model paths are relative to the matrix's folder
+    output: Path
+    common: dict  # the matrix's [recipe] table, under every override
+    many: bool  # more than one override set: each writes into output/<its name>
+    checked: dict = field(default_factory=dict)  # each model folder is checked once (pipeline/builder/inputs.py), however many entries use it
+
+
+def _entry(reading: _Reading, model: dict, pid: str, override: dict) -> Entry:
+    path, base, output, common, many, checked = reading.path, reading.base, reading.output, reading.common, reading.many, reading.checked
     name = override.get("name")
     entry_id = f"{model['name']}@{pid}" + (f"+{name}" if name else "")
     flat = {"name": model["name"], "profile": pid, "output": str(output / name if many else output),
             "trust_remote_code": model.get("trust_remote_code")}
     if "path" in model:
         flat["model"] = str(base / model["path"])
-    for table in stages.order():
-        for opt, value in {**common.get(table, {}), **override.get(table, {})}.items():
-            flat[f"{table}.{opt}"] = value
+    for table in stages.order():  # the recipe's own shape: a table per stage, the override's options over the common ones
+        flat[table] = {**common.get(table, {}), **override.get(table, {})}
     try:
         recipe = recipes.load(None, flat)
         source = None

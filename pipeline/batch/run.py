@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,10 +26,26 @@ def make_executor(kind: str, jobs: int, address: str | None, root: Path, warn: C
     return LocalExecutor(jobs, memory_free, warn=warn)
 
 
-def run_batch(matrix_path: Path, *, executor: str | None = None, address: str | None = None, jobs: int | None = None,
-              line: Callable[[str], None] = print, warn: Callable[[str], None] = print, cache_root: Path | None = None,
-              memory_free=None, make=None) -> dict:
-    """Build every entry of the matrix; the report document (pipeline/batch/report.py: document)."""
+@dataclass(frozen=True)
+class BatchOptions:
+    """How a batch runs, over what its matrix says."""
+
+    executor: str | None = None  # local | ray (default: the matrix's, else local)
+    address: str | None = None  # the Ray cluster
+    jobs: int | None = None  # local worker processes (default: the matrix's, else 1)
+    line: Callable[[str], None] = print  # one line per job
+    warn: Callable[[str], None] = print
+    cache_root: Path | None = None
+    memory_free: Callable[[], int] | None = None  # the local pool's free-memory probe (tests fake it)
+    make: Callable | None = None  # the executor factory (default: make_executor)
+
+
+def run_batch(matrix_path: Path, options: BatchOptions | None = None, /, **fields) -> dict:
+    """Build every entry of the matrix; the report document (pipeline/batch/report.py: document). `fields` set
+    BatchOptions' fields over `options`."""
+    opts = replace(options or BatchOptions(), **fields)
+    executor, address, jobs, line, warn, cache_root = opts.executor, opts.address, opts.jobs, opts.line, opts.warn, opts.cache_root
+    memory_free, make = opts.memory_free, opts.make
     start = time.perf_counter()
     matrix = load(matrix_path)  # a bad matrix is refused here: nothing runs
     root = Path(cache_root) if cache_root else cache.cache_root()

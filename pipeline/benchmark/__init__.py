@@ -8,7 +8,7 @@ really ran named in every row.
 - Backends: `reference` (raipack's reference runtime on the package), `oga` (onnxruntime-genai on
   the package's unfused export, found through the manifest's lineage in the build cache, or given
   with --export), `npu` (onnxruntime-genai with the RyzenAI provider, only where
-  stages/smoke/npu.py finds the provider library and the package can be handed to it). By default
+  pipeline/runtime/readiness.py says the NPU can run the package here). By default
   the package and its export side by side, with the ratio of every figure.
 - Each backend runs in a child process (pipeline/benchmark/child.py) started from an empty folder:
   its peak memory is its own, and nothing is imported from the current folder.
@@ -112,22 +112,26 @@ def find_export(package: Path, root: Path | None = None) -> tuple[Path | None, s
 
 
 def npu_ready(package: Path, export: Path | None) -> tuple[dict | None, str]:
-    """(the npu child's environment, "") when the RyzenAI provider can be tried, else (None, why not)."""
-    import importlib.util
+    """(the npu child's environment, "") when the NPU can run the package here, else (None, why not):
+    pipeline/runtime/readiness.py's answer, the one smoke, eval and doctor get."""
+    from raipack.runtime.readiness import npu_readiness
 
-    from raipack.stages.smoke.npu import EP_ENV, find_provider_library, package_problem
-
-    library, why = find_provider_library([package.resolve(), *([export.resolve()] if export else [])])
-    if library is None:
-        return None, why
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return None, "onnxruntime-genai is not installed"
-    problem = package_problem(package.resolve())
-    return ({EP_ENV: str(library)}, "") if not problem else (None, problem)
+    readiness = npu_readiness(package, [export] if export else [])
+    return (readiness.child_env(), "") if readiness.ready else (None, readiness.reason)
 
 
-def make_plan(package: Path, lengths: list[int] | None, gen: int, runs: int, warmup: int, backend: str | None, export: Path | None = None) -> Plan:
+@dataclass(frozen=True)
+class Runs:
+    """How each prompt length is measured."""
+
+    gen: int = 128  # tokens generated after each prompt
+    runs: int = 3  # timed runs (median, min, max)
+    warmup: int = 1  # untimed runs first
+
+
+def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str | None = None, export: Path | None = None) -> Plan:
     """Everything checked and settled before anything runs."""
+    gen = runs.gen
     package = Path(package)
     if not package.is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
@@ -140,7 +144,7 @@ def make_plan(package: Path, lengths: list[int] | None, gen: int, runs: int, war
             notes.append(f"export not found: {why}; " + ("measuring the package alone" if backend is None else "nothing to run on onnxruntime-genai"))
     if backend == "oga" and export is None:
         raise RaipackError(f"--backend oga needs the package's unfused export: {notes[-1]}", "pass --export DIR, the export stage's folder of the build")
-    plan = Plan(package, lengths, gen, runs, warmup, [], notes=notes)
+    plan = Plan(package, lengths, gen, runs.runs, runs.warmup, [], notes=notes)
     if backend == "npu":
         env, why = npu_ready(package, export)
         if env is None:

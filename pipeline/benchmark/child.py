@@ -9,7 +9,7 @@ figures compare the runtimes, not two loops:
 - oga: onnxruntime-genai on the unfused export (`Generator.append_tokens`, `get_logits`), or,
   where onnxruntime-genai is not installed, raipack's plain onnxruntime loop (ortloop.py);
 - npu: onnxruntime-genai on the package with the RyzenAI provider, only when the model says it
-  runs on the NPU (stages/smoke/npu.py: og.Model.device_type).
+  runs on the NPU (pipeline/runtime/provider.py: og.Model.device_type).
 Peak memory: VmHWM of /proc/self/status, reset before each prompt length by writing "5" to
 /proc/self/clear_refs where the kernel allows it (else the process's peak so far, and the
 scope says so); elsewhere getrusage's ru_maxrss.
@@ -110,7 +110,7 @@ def open_backend(job: dict):
         return OrtSteps(folder), f"raipack ortloop (onnxruntime {ort.__version__}, CPU; onnxruntime-genai is not installed)"
     model = og.Model(str(folder))
     if backend == "npu":
-        from raipack.stages.smoke.npu import device_problem
+        from raipack.runtime.provider import device_problem
 
         problem = device_problem(model)
         if problem:

@@ -147,7 +147,7 @@ def read(folder: Path) -> Handover:
         raise UsageError(f"{path} is not a raipack hand-over (format {FORMAT}, version 1)", MAKE_HINT)
     try:
         entries = [(e["stage"], e["path"], e["cache_key"], e["sha256"]) for e in doc["stages"]]
-        doc["recipe"]["profile"], doc["next"]  # noqa: B018 - present, or the KeyError below
+        doc["recipe"]["profile"], doc["next"]  # present, or the KeyError below
     except (KeyError, TypeError):
         raise UsageError(f"{path} lacks a field raipack writes (stages[].stage/path/cache_key/sha256, recipe.profile, next)", MAKE_HINT) from None
     handover = Handover(folder, doc)
@@ -174,7 +174,7 @@ def _checked(folder: Path, path: Path, stage: str, rel: str, key: str, digest: s
 
 def recipe_from(handover: Handover, recipe_path, overrides: dict):
     """The recipe the hand-over carries, with the command line's flags over it (not the model or the target)."""
-    from raipack.builder.recipe import load
+    from raipack.builder.recipe import layered, load
 
     if recipe_path is not None:
         raise UsageError("--recipe and --inputs together: the hand-over carries its recipe", "drop --recipe; flags such as --backend still apply")
@@ -183,10 +183,8 @@ def recipe_from(handover: Handover, recipe_path, overrides: dict):
                      ("profile", f"the carried outputs were built for {doc['profile']}")):
         if overrides.get(key) not in (None, doc.get(key)):
             raise UsageError(f"--inputs {handover.folder}: a {key} was given ({overrides[key]}), but {why}", "drop it")
-    merged = {"name": doc.get("name"), "profile": doc["profile"], "trust_remote_code": doc.get("trust_remote_code")}
-    merged.update({f"{t}.{k}": v for t, table in (doc.get("stages") or {}).items() for k, v in table.items()})
-    merged.update({k: v for k, v in overrides.items() if v is not None})
-    recipe = load(None, merged)
+    carried = {"name": doc.get("name"), "profile": doc["profile"], "trust_remote_code": doc.get("trust_remote_code"), **(doc.get("stages") or {})}
+    recipe = load(None, layered({k: v for k, v in carried.items() if v is not None}, overrides))
     recipe.expected_answer = doc.get("expected_answer")
     return recipe
 

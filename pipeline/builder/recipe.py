@@ -52,22 +52,34 @@ def check(doc: dict, where: str) -> None:
         raise RecipeError(findings)
 
 
+def layered(doc: dict, overrides: dict | None) -> dict:
+    """`doc` (a recipe's shape) with `overrides` over it: top-level fields, and stage tables merged option by
+    option ({"quantize": {"algorithm": "rtn"}}, or "quantize.algorithm": "rtn"); None means not given."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in doc.items()}
+    tables = set(stages.order())
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if "." in key:
+            key, value = key.split(".", 1)[0], {key.split(".", 1)[1]: value}
+        if key in tables and isinstance(value, dict):
+            table = out.setdefault(key, {})
+            if isinstance(table, dict):  # else the recipe's own non-table value stays, for the schema to name
+                table.update({k: v for k, v in value.items() if v is not None})
+        else:
+            out[key] = value
+    return out
+
+
 def load(path: Path | None, overrides: dict | None = None) -> Recipe:
-    """Read a recipe file (optional) and apply flag overrides (None = not given)."""
+    """Read a recipe file (optional) and apply flag overrides (see `layered`)."""
     doc: dict = {}
     where = "(flags)"
     if path is not None:
         path = Path(path)
         where = str(path)
         doc = read_toml(path, "recipe")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if "." in key:
-            table, opt = key.split(".", 1)
-            doc.setdefault(table, {})[opt] = value
-        else:
-            doc[key] = value
+    doc = {k: v for k, v in layered(doc, overrides).items() if v != {} or k not in stages.order()}  # a flag-less table is no table
     check(doc, where)
     tables = stages.order()
     top = {k: v for k, v in doc.items() if k not in tables}

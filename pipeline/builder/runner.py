@@ -11,6 +11,7 @@ byte of storage with the cache.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from raipack.builder import cache, handover, logs, stages, staging, swap
 from raipack.builder.config import EvalConfig, config_dict, parse_config
+from raipack.builder.context import BuildContext
 from raipack.builder.crash import stage_crashed
 from raipack.builder.inputs import check_model_dir
 from raipack.builder.progress import Progress
@@ -90,23 +92,34 @@ def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
     return names[:end], from_
 
 
-def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
-          progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False,
-          inputs: handover.Handover | None = None) -> BuildResult:
-    """Run the stages; `inputs` (a hand-over, pipeline/builder/handover.py) stands in for the stages before `from_`."""
+@dataclass(frozen=True)
+class BuildOptions:
+    """How one build runs, apart from its recipe."""
+
+    until: str | None = None  # the last stage to run
+    from_: str | None = None  # rebuild from this stage on; earlier ones come from the cache (or the hand-over)
+    force: bool = False  # rebuild every stage, ignoring the cache
+    verify_cache: bool = False  # hash every cache hit against its manifest
+    cache_root: Path | None = None  # default: cache.cache_root()
+    inputs: handover.Handover | None = None  # a hand-over standing in for the stages before from_
+    progress: Progress | None = None  # default: plain lines
+
+
+def build(recipe: Recipe, options: BuildOptions | None = None, /, **flags) -> BuildResult:
+    """Run the stages. `flags` are BuildOptions fields set over `options` (build(recipe, until="fuse"));
+    `inputs` (a hand-over, pipeline/builder/handover.py) stands in for the stages before `from_`."""
+    opts = dataclasses.replace(options or BuildOptions(), **flags)
     start = time.perf_counter()
-    progress = progress or Progress("plain")
+    progress = opts.progress or Progress("plain")
     profile = profiles.get(recipe.profile)
-    names, from_ = plan(until, from_ or (inputs.next if inputs else None))
+    inputs, force = opts.inputs, opts.force
+    names, from_ = plan(opts.until, opts.from_ or (inputs.next if inputs else None))
     carried = handover.check_plan(inputs, names, from_) if inputs else []
     pkg_name = package_name(recipe, profile)
     out_root = Path(recipe.output)
-    outputs: dict[str, Path] = {}
-    reports: dict[str, dict] = {}
     results: list[StageResult] = []
     model_stage, package_stage = stages.of_kind(stages.MODEL_KIND), stages.of_kind(stages.PACKAGE_KIND)
-    if recipe.model is not None:  # before the output folder is made: a refused model leaves nothing behind
-        outputs[model_stage] = check_model_dir(Path(recipe.model), recipe.trust_remote_code)
+    model_dir = check_model_dir(Path(recipe.model), recipe.trust_remote_code) if recipe.model is not None else None  # before the output folder is made: a refused model leaves nothing behind
     _check_output_location(out_root)
     # a hand-over build runs nothing before --from; the [eval] table's tasks are checked now, run after the stages
     first, gate = (names.index(from_) if inputs else 0), _gate_request(recipe)
@@ -114,7 +127,11 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         st = stages.get(name)
         if st.preflight is not None:
             st.preflight(parse_config(st.config, recipe.stages.get(name), f"[{name}]"), profile)
-    root = cache_root or cache.cache_root()
+    root = opts.cache_root or cache.cache_root()
+    ctx = BuildContext(recipe, profile, root, progress, opts.verify_cache, inputs, started=start)
+    if model_dir is not None:
+        ctx.outputs[model_stage] = model_dir
+    outputs = ctx.outputs
     staging.hold(root)  # before the sweep: no other build takes this one's folders for a dead one's
     try:
         staging.sweep_cache(root)
@@ -123,7 +140,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
             if (name == model_stage and recipe.model is not None) or (names.index(name) < first and name not in carried):
                 continue
             if name in carried:  # checked by digest when the hand-over was read
-                results.append(_take_carried(inputs, name, outputs, reports, progress))
+                results.append(_take_carried(ctx, name))
                 continue
             if from_ == name:
                 forcing = True
@@ -132,9 +149,8 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
             if missing:
                 raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
             on_miss = partial(_not_cached, from_, name) if from_ and names.index(name) < names.index(from_) else None
-            res = run_stage(st, recipe, profile, outputs, reports, progress=progress, cache_root=cache_root, force=forcing,
-                            verify_cache=verify_cache, inputs=inputs, on_miss=on_miss)
-            outputs[name], reports[name] = Path(res.path), res.report
+            res = run_stage(st, ctx, force=forcing, on_miss=on_miss)
+            outputs[name], ctx.reports[name] = Path(res.path), res.report
             results.append(res)
             progress.stage(name, res.status, res.seconds, res.report.get("summary", ""))
             link_stage_output(out_root, pkg_name, name, Path(res.path))
@@ -142,8 +158,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
         # the accuracy gate ([eval] tasks), before the package is assembled: a refused build leaves none
         evaluation = _run_gate(gate, outputs, out_root / f"{pkg_name}.stages", progress) if gate and package_stage in outputs else None
         if package_stage in outputs:
-            package, findings = _assemble(out_root / pkg_name, package_stage, outputs[package_stage], recipe, profile, results, start, root, inputs,
-                                          warn=partial(progress.line, style="yellow"), evaluation=evaluation)
+            package, findings = _assemble(ctx, out_root / pkg_name, results, evaluation)
         return BuildResult(recipe, profile, results, package, time.perf_counter() - start, findings, evaluation)
     finally:
         staging.release(root)
@@ -155,29 +170,27 @@ def stage_key(st, cfg, profile: dict, outputs: dict) -> str:
     return cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
 
 
-def run_stage(st, recipe: Recipe, profile: dict, outputs: dict, reports: dict, *, progress: Progress, cache_root: Path | None = None,
-              force: bool = False, verify_cache: bool = False, inputs: handover.Handover | None = None, on_miss=None) -> StageResult:
-    """One stage for one recipe, given its input folders (`outputs`, by stage name): a cache hit, or a build
-    committed to the cache. `on_miss()` runs before a miss is built (it may refuse). build() and raipack batch
-    (pipeline/batch/jobs.py) both run a stage through here."""
-    cfg = parse_config(st.config, recipe.stages.get(st.name), f"[{st.name}]")
-    ckey = stage_key(st, cfg, profile, outputs)
+def run_stage(st, ctx: BuildContext, *, force: bool = False, on_miss=None) -> StageResult:
+    """One stage of `ctx`'s recipe, given its input folders (`ctx.outputs`, by stage name): a cache hit, or a
+    build committed to the cache. `on_miss()` runs before a miss is built (it may refuse). build() and raipack
+    batch (pipeline/batch/jobs.py) both run a stage through here."""
+    cfg = parse_config(st.config, ctx.recipe.stages.get(st.name), f"[{st.name}]")
+    ckey = stage_key(st, cfg, ctx.profile, ctx.outputs)
     t0 = time.perf_counter()
-    hit = None if force else cache.lookup(st.name, ckey, cache_root, verify=verify_cache, warn=partial(progress.line, style="yellow"))
+    hit = None if force else cache.lookup(st.name, ckey, ctx.cache_root, verify=ctx.verify_cache, warn=ctx.warn)
     if hit is None and on_miss is not None:
         on_miss()
     if hit is not None:
         path, report, status = hit, stored_report(hit), "cached"
     else:
-        path, report, status = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs, force=force)
+        path, report, status = _run_stage(st, cfg, ctx, ckey, force)
     return StageResult(st.name, status, time.perf_counter() - t0, ckey, str(path), report)
 
 
-def assemble_package(recipe: Recipe, profile: dict, results: list[StageResult], outputs: dict, start: float, root: Path, warn=print):
-    """(package, findings): the package stage's output assembled into <output>/<package name>, as build() does
-    at the end of its chain (raipack batch calls it once per matrix entry)."""
-    stage = stages.of_kind(stages.PACKAGE_KIND)
-    return _assemble(Path(recipe.output) / package_name(recipe, profile), stage, outputs[stage], recipe, profile, results, start, root, warn=warn)
+def assemble_package(ctx: BuildContext, results: list[StageResult]):
+    """(package, findings): the package stage's output (in `ctx.outputs`) assembled into <output>/<package name>,
+    as build() does at the end of its chain (raipack batch calls it once per matrix entry)."""
+    return _assemble(ctx, Path(ctx.recipe.output) / package_name(ctx.recipe, ctx.profile), results)
 
 
 def _not_cached(from_: str, name: str) -> None:
@@ -218,15 +231,16 @@ def stored_report(path: Path) -> dict:
     return doc.get("report", {})
 
 
-def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs=None, force=False) -> tuple[Path, dict, str]:
+def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool) -> tuple[Path, dict, str]:
     """Build the stage into a staging folder and commit it; (entry, report, "built"), or "cached" when another
     process committed the same key first (its entry wins, this one's folder is discarded)."""
+    recipe, profile, outputs, cache_root = ctx.recipe, ctx.profile, ctx.outputs, ctx.cache_root
     final = cache.entry(st.name, ckey, cache_root)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = final.parent / f".staging-{ckey}-{os.getpid()}"
     cache.remove(work)
     work.mkdir()
-    job = Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
+    job = Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, ctx.progress, dict(ctx.reports))
     try:
         try:
             with logs.captured(job):  # the libraries' output goes to the stage's log.txt
@@ -237,7 +251,7 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
             raise stage_crashed(st.name, recipe, profile, exc) from exc
         report = _relocated(report, work, final)  # the staging folder's name never outlives it
         manifest.mark_incomplete(work)  # after run(): a stage gets an empty folder
-        lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i]), **_carried(inputs, i)} for i in st.inputs],
+        lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i]), **_carried(ctx.inputs, i)} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
         kind = report.pop("manifest_kind", None) or st.kind or st.name  # a stage may say its output is another kind of folder
         doc = manifest.describe(work, kind, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
@@ -256,12 +270,12 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
     return final, report, "built"
 
 
-def _take_carried(inputs, name: str, outputs: dict, reports: dict, progress) -> StageResult:
+def _take_carried(ctx: BuildContext, name: str) -> StageResult:
     """A stage output from the hand-over: an input of the later stages, listed in the report as carried."""
-    c = inputs.outputs[name]
-    outputs[name], reports[name] = c.path, stored_report(c.path)
-    progress.stage(name, "carried", 0.0, f"from {inputs.folder}")
-    return StageResult(name, "carried", 0.0, c.cache_key, str(c.path), reports[name])
+    c = ctx.inputs.outputs[name]
+    ctx.outputs[name], ctx.reports[name] = c.path, stored_report(c.path)
+    ctx.progress.stage(name, "carried", 0.0, f"from {ctx.inputs.folder}")
+    return StageResult(name, "carried", 0.0, c.cache_key, str(c.path), ctx.reports[name])
 
 
 def _carried(inputs, stage: str) -> dict:
@@ -322,8 +336,11 @@ def link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> N
     os.replace(tmp, link)
 
 
-def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, start, root: Path, inputs=None, warn=print, evaluation=None):
+def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evaluation: dict | None = None):
     """Copy the output of the package stage next to its build report, validate, rename into place."""
+    recipe, profile, root, inputs = ctx.recipe, ctx.profile, ctx.cache_root, ctx.inputs
+    stage = stages.of_kind(stages.PACKAGE_KIND)
+    fused = ctx.outputs[stage]
     prefix = f".{target.name}.staging-"
     staging.sweep_beside(target.parent, prefix, root)
     swap.recover(target, partial(staging.alive, root=root))
@@ -333,7 +350,7 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
     manifest.mark_incomplete(work)
     try:
         copy_tree(fused, work)
-        draft = BuildResult(recipe, profile, results, target, time.perf_counter() - start, evaluation=evaluation)
+        draft = BuildResult(recipe, profile, results, target, time.perf_counter() - ctx.started, evaluation=evaluation)
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         if evaluation:
             atomic_write_text(work / "eval.json", json.dumps(evaluation, indent=2) + "\n")
@@ -350,7 +367,7 @@ def _assemble(target: Path, stage: str, fused: Path, recipe, profile, results, s
             raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
         from raipack.report.page import write_build_page  # report.html: after validation (its findings), listed in the manifest
 
-        page = write_build_page(work, json.loads((work / "report.json").read_text()), result.findings, result.profile, warn)
+        page = write_build_page(work, json.loads((work / "report.json").read_text()), result.findings, result.profile, ctx.warn)
         doc["files"] = sorted(doc["files"] + ([page] if page else []), key=lambda f: Path(f["path"]).parts)
         manifest.put(work, doc)
         (work / manifest.INCOMPLETE).unlink()

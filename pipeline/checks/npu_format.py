@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from raipack.checks.base import check
 from raipack.core.package import JSON_MAX_BYTES, ReadError
@@ -319,8 +320,17 @@ def _graph_sha(ctx, grel):
         return None  # RP701 says why the graph cannot be read
 
 
-def _state_findings(ctx, srel, plan_rel, plan_sha, header, graph, phase, tier):
+class _PlanFile(NamedTuple):
+    """A `dd_metastate_<phase>_<tier>` plan: its path, and the phase and tier its name says."""
+
+    rel: str
+    phase: str
+    tier: int
+
+
+def _state_findings(ctx, srel, which: _PlanFile, plan_sha, header, graph):
     """A `.state` file against its plan, the header and the graph it was written for."""
+    plan_rel, phase, tier = which
     fmt = _formats()
     (rel, header_sha), (grel, graph_sha) = header, graph
     try:
@@ -368,6 +378,7 @@ def metastate_plans(ctx):
         if not mt or "plan" not in exts or ctx.pkg.files[exts["plan"]].lfs:
             continue
         phase, tier, plan_rel = mt["phase"].lower(), int(mt["tier"]), exts["plan"]
+        which = _PlanFile(plan_rel, phase, tier)
         try:
             raw = ctx.pkg.read_bytes(plan_rel, JSON_MAX_BYTES, "metastate plan")
         except ReadError as err:
@@ -375,7 +386,7 @@ def metastate_plans(ctx):
             continue
         plan_sha = hashlib.sha256(raw).hexdigest()
         if "state" in exts and not ctx.pkg.files[exts["state"]].lfs:
-            yield from _state_findings(ctx, exts["state"], plan_rel, plan_sha, (rel, header_sha), (grel, graph_sha), phase, tier)
+            yield from _state_findings(ctx, exts["state"], which, plan_sha, (rel, header_sha), (grel, graph_sha))
         try:
             plan = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
@@ -397,7 +408,7 @@ def metastate_plans(ctx):
         sched = schedules[(phase, node)]
         if isinstance(sched, list):
             continue  # the schedule's own findings say why its plans cannot be checked
-        yield from _plan_findings(ctx, plan_rel, plan, sched, phase, tier, model, max_length)
+        yield from _plan_findings(ctx, which, plan, sched, model, max_length)
     if old:
         plan_rel, plan = old[0]
         yield ctx.finding(plan_rel, _plans().version_problem(plan, len(old) - 1), _plans().VERSION_HINT, "/format_version")
@@ -434,8 +445,9 @@ def _schedule(ctx, phase: str, node: str):
     return srel, sha, plans.Schedule(doc)
 
 
-def _plan_findings(ctx, plan_rel, plan, sched, phase, tier, model, max_length):
+def _plan_findings(ctx, which: _PlanFile, plan, sched, model, max_length):
     """One plan against its schedule file (name and sha256) and the schedule's contents."""
+    plan_rel, phase, tier = which
     srel, sha, prepared = sched
     ref = plan["schedule"]
     if ref["file"] != srel:

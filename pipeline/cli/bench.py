@@ -20,7 +20,7 @@ from raipack.cli.main import cli
 @click.option("--export", "export", type=click.Path(path_type=Path, file_okay=False, exists=True), help="The unfused export (default: found through manifest.json's lineage in the build cache).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write here instead of stdout.")
-def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, output):
+def bench_cmd(package, lengths, fmt, output, **measure):
     """Measure a package the way AMD's model_benchmark does: per prompt length, the
     time to first token, decode tokens per second and peak memory, with the backend
     that really ran; by default the package (reference runtime) beside its unfused
@@ -35,12 +35,13 @@ def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, 
          whole number or is above the package's prompt limit, a bad option
       3  the folder holds no model package
     """
-    from raipack.benchmark import bench, make_plan, parse_lengths
+    from raipack.benchmark import Runs, bench, make_plan, parse_lengths
     from raipack.benchmark.render import as_csv, as_json, as_text
     from raipack.core.output import atomic_write_text
 
     asked = parse_lengths(lengths) if lengths is not None else None
-    plan = make_plan(package, asked, gen_tokens, runs, warmup, backend, export)
+    runs = Runs(measure["gen_tokens"], measure["runs"], measure["warmup"])
+    plan = make_plan(package, asked, runs, measure["backend"], measure["export"])
     for backend_name, folder in plan.backends:
         click.echo(f"measuring {backend_name} on {folder} ...", err=True)
     doc = bench(plan)

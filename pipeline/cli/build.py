@@ -1,16 +1,15 @@
-"""`raipack build`: parse the options, run the pipeline, print the summary a user reads at the end."""
+"""`raipack build`: parse the options into a typed request, call the use case (pipeline/builder/request.py),
+print the summary a user reads at the end."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from raipack.cli.main import cli
-from raipack.core.env import OFFLINE, THREADS
-from raipack.core.errors import RaipackError, UsageError
+from raipack.core.errors import UsageError
 
 
 @cli.command()
@@ -36,53 +35,36 @@ from raipack.core.errors import RaipackError, UsageError
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
 @click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
 @click.option("--verbose", "-v", is_flag=True, help="Also show the libraries' own output live (always kept in each stage's log.txt).")
-def build(model_dir, recipe, profile, name, output, until, from_, handover, inputs, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log, verbose):
+def build(**options):
     """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
+    from raipack.builder.request import run_build
+
+    request = build_request(options)
+    sys.exit(summary(run_build(request), request.mode))
+
+
+STAGE_FLAGS = {"quantize": ("algorithm", "group_size", "num_samples", "seq_len", "calib_data"), "fuse": ("backend",), "smoke": ("require_npu",)}
+
+
+def build_request(options: dict):
+    """The BuildRequest of the command's options (one keyword per option, as click passes them)."""
+    from raipack.builder.request import BuildRequest
+    from raipack.builder.runner import BuildOptions
+
+    group_size = options["group_size"]
     if group_size is not None and group_size != "auto":
         if not group_size.isdigit():
             raise UsageError(f"--group-size {group_size!r} is not a number or auto", "use 128, 64, 32 or auto")
-        group_size = int(group_size)
-    overrides = {"model": model_dir, "profile": profile, "name": name, "output": output, "trust_remote_code": trust_remote_code,
-                 "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
-                 "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
-    mode = "json" if json_log else "quiet" if quiet else "auto"
-    sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache, verbose=verbose,
-                       handover_dir=handover, inputs_dir=inputs))
+        options = {**options, "group_size": int(group_size)}
+    flags = {"model": options["model_dir"], **{k: options[k] for k in ("profile", "name", "output", "trust_remote_code")},
+             **{table: {k: options[k] for k in keys} for table, keys in STAGE_FLAGS.items()}}
+    mode = "json" if options["json_log"] else "quiet" if options["quiet"] else "auto"
+    run = BuildOptions(until=options["until"], from_=options["from_"], force=options["force"], verify_cache=options["verify_cache"])
+    return BuildRequest(options["recipe"], flags, run, options["handover"], options["inputs"], mode, options["verbose"])
 
 
-def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False, verbose=False,
-              handover_dir=None, inputs_dir=None) -> int:
-    os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
-    for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
-        os.environ.setdefault(key, value)
-
-    from raipack.builder import handover, stages
-    from raipack.builder.progress import Progress
-    from raipack.builder.recipe import load
-    from raipack.builder.runner import build
-    from raipack.npu import profile as profiles
-
-    progress = Progress(mode, verbose=verbose)
-    carried = handover.read(inputs_dir) if inputs_dir is not None else None
-    recipe = handover.recipe_from(carried, recipe_path, overrides) if carried else load(Path(recipe_path) if recipe_path else None, overrides)
-    if handover_dir is not None:
-        handover.check_destination(handover_dir, until or stages.order()[-1])
-    if carried and (drift := handover.profile_drift(carried, profiles.get(recipe.profile))):
-        progress.line(drift, "yellow")
-    source = f" from the hand-over {inputs_dir}" if carried else " (the example model)" if recipe.is_example else f" from {recipe.model}"
-    progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}{source}")
-    try:
-        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache, inputs=carried)
-        if handover_dir is not None:
-            progress.line(f"hand-over written: {handover.write(handover_dir, result)} (copy it whole; finish with `raipack build --inputs <folder>`)")
-    except RaipackError:
-        progress.event("build", status="failed")
-        raise
-    rep = result.report()
-    progress.event("build", status="done", package=rep["package"], seconds=rep["seconds"])
-    cached = sum(1 for s in result.stages if s.status == "cached")
-    if result.stages and cached == len(result.stages):
-        progress.line("nothing to do: every stage is cached (use --force to rebuild)")
+def summary(result, mode: str) -> int:
+    """Print where the package is and what to do with it (nothing in json mode); the exit code."""
     if mode == "json":
         return 0
     if result.package:

@@ -19,7 +19,7 @@ from raipack.cli.main import cli
 @click.option("--include-path", type=click.Path(path_type=Path), help="A local task folder: lm-eval YAML task files and their JSONL data.")
 @click.option("--chain", is_flag=True, help="TARGET is a build (its output folder or its package): run every stage and show the drops.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write lm-eval's results (JSON, with a \"raipack\" key) here.")
-def eval_cmd(target, tasks, limit, num_fewshot, include_path, chain, output):
+def eval_cmd(target, tasks, chain, output, **request):
     """Score TARGET with lm-eval-harness; the kind of TARGET is detected.
 
     \b
@@ -40,7 +40,7 @@ def eval_cmd(target, tasks, limit, num_fewshot, include_path, chain, output):
     from raipack.core.output import atomic_write_text
     from raipack.evaluation.run import Request, check_output, evaluate, parse_tasks, table
 
-    req = Request(parse_tasks(tasks), limit, num_fewshot, include_path)
+    req = Request(parse_tasks(tasks), request["limit"], request["num_fewshot"], request["include_path"])
     check_output(output)
     if chain:
         from raipack.evaluation.chain import chain_table, run_chain, stage_outputs

@@ -19,12 +19,12 @@ from raipack.core.output import use_color
 @click.option("--sdk-version", help="Ryzen AI version the package runs on (default: $RAIPACK_SDK_VERSION, the installed one, else the package's release).")
 @click.option("--profile", default="auto", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
-def tune(package, max_length, max_prompt, chunk_size, sdk_version, profile, dry_run):
+def tune(package, dry_run, **settings):
     """Change a package's length settings in genai_config.json, consistently and safely."""
     from raipack.reporters import REPORTERS
     from raipack.tune import apply, plan, revalidate
 
-    p = plan(package, max_length, max_prompt, chunk_size, sdk_version, profile)
+    p = plan(package, settings["max_length"], settings["max_prompt"], settings["chunk_size"], settings["sdk_version"], settings["profile"])
     click.echo(f"Ryzen AI {p.sdk[0]} ({p.sdk[1]})")
     for name, old, new in p.changes:
         click.echo(f"  {name}: {old} -> {new}")

@@ -30,21 +30,13 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Validate N packages at once in worker processes (default: one at a time); with one package, threads for --verify-hashes (default: every core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
 @click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
-def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
+def validate(paths, fmt, output, strict, strict_advice, **options):
     """Check model package folders against their profile's schemas and rules.
 
     A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
     from raipack.reporters import REPORTERS
-    from raipack.validate import validate_all
 
-    if address and executor != "ray":
-        raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
-    pool = _ray_executor(address) if executor == "ray" else None
-    try:
-        outcomes = validate_all(paths, profile, _ids(select), _ids(ignore), verify_hashes, jobs or 1, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    outcomes = _validate_all(paths, options)
     results, codes = [], []
     for outcome in outcomes:
         if isinstance(outcome, UsageError):
@@ -64,6 +56,22 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
     else:
         click.echo(report, nl=False)
     sys.exit(code)
+
+
+def _validate_all(paths, options: dict):
+    """Every outcome of validate_all for the command's selection and executor options."""
+    from raipack.validate import validate_all
+
+    address, executor = options["address"], options["executor"]
+    if address and executor != "ray":
+        raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
+    pool = _ray_executor(address) if executor == "ray" else None
+    try:
+        return validate_all(paths, options["profile"], jobs=options["jobs"] or 1, executor=pool,
+                            select=_ids(options["select"]), ignore=_ids(options["ignore"]), verify_hashes=options["verify_hashes"])
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
 def _ray_executor(address):

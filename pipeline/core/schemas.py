@@ -229,7 +229,7 @@ def _resolve(schema):
         base = _base_of().get(id(schema), "")
         try:
             schema = _registry().resolver(base_uri=base).lookup(schema["$ref"]).contents
-        except Exception:  # noqa: BLE001 - an unresolvable ref just gives a vaguer phrase
+        except Exception:  # an unresolvable ref just gives a vaguer phrase
             return {}
         seen += 1
     return schema

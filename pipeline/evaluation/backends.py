@@ -10,8 +10,8 @@ continuation token (what loglikelihood needs: every continuation position, not o
   graph. Not onnxruntime-genai: its generator hands back the last position's logits per step, while
   OrtDecoder's prefill returns every position's row in one call; on CPU both give the same tokens
   (the smoke stage compares against OrtDecoder).
-- package: the NPU through onnxruntime-genai when a RyzenAI provider library is installed (the smoke
-  stage's rules, stages/smoke/npu.py), which this backend does not drive yet; so the reference runtime
+- package: the NPU through onnxruntime-genai when it can run the package here (pipeline/runtime/readiness.py,
+  the answer smoke, bench and doctor get), which this backend does not drive yet; so the reference runtime
   (`pipeline/runtime/reference.py`) on the CPU, and `ran_on` says why. Its fused graph returns the
   last position's row only: the context is one prefill (padded to its tier, as on the NPU) and every
   further continuation row comes from one token step, as the NPU runtime decodes.
@@ -36,7 +36,7 @@ class TorchBackend:
         self._torch = torch
         try:
             self.model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False, dtype=torch.float32).eval()
-        except Exception as exc:  # noqa: BLE001  (transformers raises many kinds for a folder it cannot load)
+        except Exception as exc:  # transformers raises many kinds for a folder it cannot load
             raise RaipackError(f"transformers cannot load {folder} as a {kind} model: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                                "check the folder with raipack validate; a Quark folder needs amd-quark installed") from None
         cfg = self.model.config
@@ -113,13 +113,14 @@ class PackageBackend:
 
 
 def npu_problem(folder: Path) -> str:
-    """Why the package is not run on the NPU here (the smoke stage's provider rules)."""
-    from raipack.stages.smoke.npu import find_provider_library
+    """Why the package is not run on the NPU here: pipeline/runtime/readiness.py's answer (the one smoke,
+    bench and doctor get), or, when the NPU could run it, that raipack eval does not drive it there yet."""
+    from raipack.runtime.readiness import npu_readiness
 
-    lib, why = find_provider_library(untrusted=(folder,))
-    if lib is None:
-        return why
-    return f"a RyzenAI provider library was found ({lib}), but raipack eval does not drive onnxruntime-genai's NPU session yet"
+    readiness = npu_readiness(folder)
+    if not readiness.ready:
+        return readiness.reason
+    return f"the NPU could run it ({readiness.library}), but raipack eval does not drive onnxruntime-genai's NPU session yet"
 
 
 def open_backend(target):

@@ -38,7 +38,7 @@ _Loader.add_constructor("!function", _function_tag)
 
 def _read(path: Path) -> dict:
     try:
-        doc = yaml.load(path.read_text("utf-8"), Loader=_Loader)  # noqa: S506  (a SafeLoader subclass)
+        doc = yaml.load(path.read_text("utf-8"), Loader=_Loader)  # a SafeLoader subclass
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"{path} is not a readable YAML file ({str(exc).splitlines()[0]})", HINT) from None
     if not isinstance(doc, dict):

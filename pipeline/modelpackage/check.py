@@ -11,6 +11,7 @@ from pathlib import Path
 
 from raipack.core import schemas
 from raipack.core.findings import Finding, Result
+from raipack.core.selection import Selection
 from raipack.modelpackage import layout, resolve
 
 PROFILE = "ort-model-package"
@@ -46,11 +47,12 @@ class _Findings:
             self.items.append(Finding(check_id, "error", path, message, hint, pointer))
 
 
-def validate_package(path: Path, select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None) -> Result:
+def validate_package(path: Path, selection: Selection | None = None, jobs: int | None = None) -> Result:
     """Validate the model package at `path`; findings name the variant they are about."""
     start = time.perf_counter()
     root = Path(path)
-    out = _Findings(select, ignore)
+    selection = selection or Selection()
+    out = _Findings(selection.select, selection.ignore)
     name = layout.spec()["manifest"]
     try:
         doc = layout.read_manifest(root)
@@ -64,7 +66,7 @@ def validate_package(path: Path, select=(), ignore=(), verify_hashes: bool = Fal
     for variant in found:
         if not _variant_folder(root, variant, out):
             continue
-        result = _variant(root, variant, out, select, ignore, verify_hashes, jobs)
+        result = _variant(root, variant, out, selection, jobs)
         if result is not None:
             profiles_used.append(f"{variant.name}: {result.profile}")
             files += result.files
@@ -146,7 +148,7 @@ def _references(root: Path, variant: layout.Variant, out: _Findings) -> None:
                     "store the referenced files in shared_assets/sha256-<their digest>, or write the package again", pointer)
 
 
-def _variant(root: Path, variant: layout.Variant, out: _Findings, select, ignore, verify_hashes, jobs) -> Result | None:
+def _variant(root: Path, variant: layout.Variant, out: _Findings, selection: Selection, jobs: int | None) -> Result | None:
     """The variant's own checks on the flat folder it resolves to; findings mapped back to package paths."""
     from raipack.core.errors import RaipackError
     from raipack.validate import validate
@@ -162,7 +164,7 @@ def _variant(root: Path, variant: layout.Variant, out: _Findings, select, ignore
             if not src:
                 out.add("MP002", f"{variant.directory}/{rel}", f"variant {variant.name}: {rel} is not a regular file", "a package holds regular files only")
         try:
-            result = validate(Path(tmp) / variant.name, select=select, ignore=ignore, verify_hashes=verify_hashes, jobs=jobs)
+            result = validate(Path(tmp) / variant.name, jobs=jobs, **selection.as_options())
         except RaipackError as exc:
             out.add("MP002", variant.directory, f"variant {variant.name}: {exc}", getattr(exc, "hint", "") or "give every variant a complete package")
             return None

@@ -19,6 +19,7 @@ Standard library only, so the light install reads and checks plans without numpy
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from raipack.npu.formats import DTYPE_SIZE, PLAN_ALIGNMENT, PLAN_FORMAT, FormatError, align, nbytes
 
@@ -209,10 +210,20 @@ class Schedule:
         return [(i, j) for i, j in self.pairs if o[i] < e[j] and o[j] < e[i] and z[i] and z[j]]
 
 
-def tier_plan(sched: Schedule, schedule: dict, *, tier: int, seq: int, window: int, max_length: int, model: dict, io: dict,
-              kv_dtype: str = "float32") -> dict:
+@dataclass(frozen=True)
+class PlanTarget:
+    """What every tier's plan of one package shares."""
+
+    max_length: int  # the KV buffer's positions
+    model: dict  # layers, kv_heads, head_size, vocab_size
+    io: dict  # graph input and logits names
+    kv_dtype: str = "float32"
+
+
+def tier_plan(sched: Schedule, schedule: dict, target: PlanTarget, *, tier: int, seq: int, window: int) -> dict:
     """The plan of one tier: `seq` positions over a KV window of `window`. `schedule` is
     {"file", "sha256"} of the schedule file."""
+    max_length, model, io, kv_dtype = target.max_length, target.model, target.io, target.kv_dtype
     sizes = sched.sizes_at(seq, window)
     order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], sched.first[i], sched.names[i]))
     offsets = first_fit(sizes, order, sched.neighbors, PLAN_ALIGNMENT)
@@ -308,7 +319,7 @@ def plan_problems(plan: dict, sched: Schedule, *, phase: str | None = None, tier
         S, T, L = plan["sequence_length"], plan["kv_window"], plan["tier"]
         if not all(_count(x) and x > 0 for x in (S, T, L)):
             return [("/tier", f"tier {L!r}, sequence_length {S!r} and kv_window {T!r} must be positive integers")]
-        _length_problems(out, plan, S, T, L, phase=phase, tier=tier, max_length=max_length)
+        _length_problems(out, plan, phase=phase, tier=tier, max_length=max_length)
         m = plan["model"]
         for key, value in (model or {}).items():
             if key in m and m[key] != value:
@@ -316,18 +327,24 @@ def plan_problems(plan: dict, sched: Schedule, *, phase: str | None = None, tier
         for key in ("phase", "node"):
             if plan[key] != sched.doc[key]:
                 out.append(("/schedule/file", f"the plan is for {key} {plan[key]!r} but its schedule is for {sched.doc[key]!r}"))
-        _io_problems(out, plan, sched, m, S, T, L)
+        _io_problems(out, plan, sched)
         if plan["scratch"] != sched.scratch_at(S, T):
             out.append(("/scratch", f"the scratch bytes per step are not those of the schedule at tier {L}"))
         _arena_problems(out, plan["arena"], sched, S, T)
-        _kv_problems(out, plan, sched, m, S, T, L)
+        _kv_problems(out, plan, sched)
     except (KeyError, TypeError, AttributeError, IndexError, ValueError, OverflowError) as err:
         out.append(("", f"the plan lacks or mistypes a field ({err!r}); it does not follow {PLAN_FORMAT} version {PLAN_VERSION}"))
     return out
 
 
-def _length_problems(out: list, plan: dict, S, T, L, *, phase, tier, max_length) -> None:
+def _positions(plan: dict) -> tuple[int, int, int]:
+    """(sequence length, KV window, tier) of a plan whose three are checked positive integers."""
+    return plan["sequence_length"], plan["kv_window"], plan["tier"]
+
+
+def _length_problems(out: list, plan: dict, *, phase, tier, max_length) -> None:
     """Phase, tier, sequence length, KV window and max_length against each other and the file name."""
+    S, T, L = _positions(plan)
     if phase and plan["phase"] != phase:
         out.append(("/phase", f"phase is {plan['phase']!r} but the file name says {phase!r}"))
     if tier is not None and L != tier:
@@ -343,8 +360,9 @@ def _length_problems(out: list, plan: dict, S, T, L, *, phase, tier, max_length)
         out.append(("/max_length", f"the plan is for max_length {plan.get('max_length')} with a {T}-position window; the package's max_length is {ml}"))
 
 
-def _io_problems(out: list, plan: dict, sched: Schedule, m: dict, S, T, L) -> None:
+def _io_problems(out: list, plan: dict, sched: Schedule) -> None:
     """The graph inputs and logits at this tier."""
+    (S, T, L), m = _positions(plan), plan["model"]
     io = plan["io"]
     want = {"input_ids": [1, S], "attention_mask": [1, T], "logits": [1, 1, m["vocab_size"]]}
     for key, shape in want.items():
@@ -378,8 +396,9 @@ def _arena_problems(out: list, arena: dict, sched: Schedule, S, T) -> None:
         out.append(("/arena/offsets", f"buffers {sched.names[x]} and {sched.names[y]} are live together at step {max(sched.first[i], sched.first[j])} but overlap (bytes {offsets[y]}..{offsets[x] + sizes[x]})"))
 
 
-def _kv_problems(out: list, plan: dict, sched: Schedule, m: dict, S, T, L) -> None:
+def _kv_problems(out: list, plan: dict, sched: Schedule) -> None:
     """The KV cache binding: region size, window, one binding per layer and direction, disjoint regions."""
+    (S, T, L), m = _positions(plan), plan["model"]
     kv, names = plan["kv_cache"], sched.doc["kv"]
     region = kv["max_length"] * m["kv_heads"] * m["head_size"] * DTYPE_SIZE[kv["dtype"]]
     if kv["region_bytes"] != region or kv["max_length"] != plan["max_length"]:

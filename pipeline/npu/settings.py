@@ -22,6 +22,13 @@ from raipack.npu.genai import ryzenai_options
 
 SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on
 INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"  # set by AMD's installer, ends in the version
+INSTALL_VERSION = re.compile(r"(\d+\.\d+(?:\.\d+)*)[\\/]*$")  # the version folder AMD's installer writes (C:\Program Files\RyzenAI\1.8.0)
+
+
+def installed_sdk_version(path: str | None = None) -> str | None:
+    """The Ryzen AI version the install folder `path` (default $RYZEN_AI_INSTALLATION_PATH) ends in, else None."""
+    match = INSTALL_VERSION.search(os.environ.get(INSTALL_ENV, "") if path is None else path)
+    return match[1] if match else None
 
 
 class SettingsError(RaipackError):
@@ -303,9 +310,9 @@ def sdk_version(profile: dict, stated: str | None = None) -> tuple[str, str]:
         return stated, "stated"
     if os.environ.get(SDK_ENV):
         return os.environ[SDK_ENV], f"stated in ${SDK_ENV}"
-    m = re.search(r"(\d+\.\d+(?:\.\d+)*)[\\/]*$", os.environ.get(INSTALL_ENV, ""))
-    if m:
-        return m[1], f"installed (${INSTALL_ENV})"
+    installed = installed_sdk_version()
+    if installed:
+        return installed, f"installed (${INSTALL_ENV})"
     return profile["release"], f"the release of profile {profile['id']}"
 
 

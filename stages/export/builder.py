@@ -198,7 +198,6 @@ def export(
     execution_provider: str = "cpu",
     keep_excluded_float: bool = True,
     extra_options: dict | None = None,
-    cache_dir: Path | None = None,
 ) -> dict:
     """Export `quark_dir` (a Quark safetensors export) to an OGA model folder at `out_dir`.
 
@@ -232,8 +231,7 @@ def export(
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
     with output_folder(out_dir) as out:
-        own_cache = cache_dir is None
-        cache = out / BUILDER_CACHE if own_cache else Path(cache_dir)
+        cache = out / BUILDER_CACHE  # the builder's download/cache folder: inside the output, removed after
         try:
             t_builder = time.perf_counter()
             kv = [f"{k}={v}" for k, v in options.items()]
@@ -253,8 +251,7 @@ def export(
                     shutil.copy2(src, out / name)
                     copied.append(name)
         finally:
-            if own_cache:
-                shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
 
     return {
         "seconds": round(time.perf_counter() - t_start, 3),

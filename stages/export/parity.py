@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,24 +71,25 @@ def _hf_greedy(model, ids: list[int], steps: int):
     return tokens, rows
 
 
-def parity(
-    quark_dir: str | Path,
-    onnx_dir: str | Path,
-    prompts: list[str],
-    heldout_text: str,
-    steps: int = 32,
-    *,
-    max_heldout_tokens: int = 512,
-    threads: int | None = None,
-    dequantize_once: bool = True,
-) -> dict:
+@dataclass(frozen=True)
+class ParityOptions:
+    steps: int = 32  # greedy steps per prompt (no EOS stop)
+    max_heldout_tokens: int = 512  # the held-out text's tokens the perplexity reads
+    threads: int | None = None  # torch's and onnxruntime's threads (default: theirs)
+    dequantize_once: bool = True  # Quark's weights dequantized once, not on every call (same results, faster)
+
+
+def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], heldout_text: str, options: ParityOptions | None = None, /,
+           **fields) -> dict:
     """Compare the exported graph in `onnx_dir` with the Quark model in `quark_dir`.
 
     Per prompt: cosine similarity and max abs difference of the last-token logits, the greedy tokens
     of both over `steps` steps (no EOS stop), where they first diverge, and the lowest per-step logit
     cosine up to there. Overall: perplexity of both on `heldout_text` (first `max_heldout_tokens`
-    tokens). Returns a JSON-able dict.
+    tokens). `fields` set ParityOptions' fields over `options`. Returns a JSON-able dict.
     """
+    opts = replace(options or ParityOptions(), **fields)  # fields: ParityOptions' (steps=8)
+    steps, max_heldout_tokens, threads = opts.steps, opts.max_heldout_tokens, opts.threads
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -101,7 +103,7 @@ def parity(
     import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
     tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))
     model = AutoModelForCausalLM.from_pretrained(str(quark_dir), dtype=torch.float32).eval()
-    swapped = _dequantize_once(model) if dequantize_once else 0
+    swapped = _dequantize_once(model) if opts.dequantize_once else 0
     dec = OrtDecoder(onnx_dir, threads=threads)
 
     results = []

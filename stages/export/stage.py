@@ -35,7 +35,7 @@ def run(job: Job) -> dict:
     execution_provider = "cpu"
     report = export(quark, job.workdir, execution_provider=execution_provider, keep_excluded_float=cfg.keep_excluded_float, extra_options=dict(cfg.extra_options))
     if cfg.parity:
-        p = parity(quark, job.workdir, PROMPTS, heldout_text(), cfg.parity_steps)
+        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps)
         report["parity"] = p
         ppl = p["perplexity"]
         report["quality"] = {"ppl_quark": ppl["transformers"], "ppl_exported": ppl["onnx"], "ppl_ratio": ppl["ratio"],

@@ -349,8 +349,9 @@ def _tier_plans(run: _Run, schedules: dict) -> list[tuple[str, int, bytes]]:
         if not tiers:
             continue
         sched, ref = schedules[phase]
+        target = plans.PlanTarget(run.settings.max_length, run.dims, _plan_io(run))
         for tier, seq, window in tiers:
-            plan = plans.tier_plan(sched, ref, tier=tier, seq=seq, window=window, max_length=run.settings.max_length, model=run.dims, io=_plan_io(run))
+            plan = plans.tier_plan(sched, ref, target, tier=tier, seq=seq, window=window)
             problems = plans.plan_problems(plan, sched, phase=phase, tier=tier)
             if problems:
                 raise RaipackError(f"the {phase} plan of tier {tier} is inconsistent: {problems[0][1]}", plans.BUG)

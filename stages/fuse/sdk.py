@@ -177,13 +177,13 @@ def _child(job: dict) -> dict:
     sys.path[:] = job["path"]
     try:
         import model_generate
-    except BaseException as exc:  # noqa: BLE001 - any failure of the tool is one sentence
+    except BaseException as exc:  # any failure of the tool is one sentence
         return {"ok": False, "error": f"cannot import it ({first_line(exc)})"}
     if str(Path(model_generate.__file__ or "").resolve()) != job["module"]:
         return {"ok": False, "error": f"it was imported from {model_generate.__file__}, not from {job['module']}"}
     try:
         getattr(model_generate, settings()["function"])(**job["kwargs"])
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         return {"ok": False, "error": first_line(exc)}
     return {"ok": True}
 

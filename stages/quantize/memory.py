@@ -139,13 +139,11 @@ class Estimate:
         return "\n".join(out).split("\n")
 
 
-def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, seq_len: int, algorithm: str,
-             source_dtype: str | None = None) -> Estimate:
+def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, seq_len: int, algorithm: str) -> Estimate:
     """The memory the quantize stage needs for the model described by ``config_json``.
 
-    ``source_dtype`` is the dtype of the safetensors on disk (default: config.json's
-    ``torch_dtype``/``dtype``, else ``dtype``): loading converts, and holds the file's pages
-    meanwhile, when it differs from ``dtype``.
+    The dtype of the safetensors on disk is config.json's ``torch_dtype``/``dtype`` (else ``dtype``):
+    loading converts, and holds the file's pages meanwhile, when it differs from ``dtype``.
     """
     data = model_data()
     if dtype not in data["bytes_per_dtype"]:
@@ -187,7 +185,7 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
     quantized = s.layers * sum(fi * fo for _, fi, fo in s.linears())
     export = int(ex["copies"] * ((params - quantized) * b + quantized * ex["packed_bytes_per_weight"]
                                  + quantized / ex["group_size"] * (b + ex["zero_point_bytes_per_group"])))
-    source_dtype = source_dtype or config_json.get("torch_dtype") or config_json.get("dtype") or dtype
+    source_dtype = config_json.get("torch_dtype") or config_json.get("dtype") or dtype
     source_b = data["bytes_per_dtype"].get(source_dtype, b)
     loading = 0 if source_dtype == dtype else int(data["load"]["converted_file_fraction"] * params * source_b)
     copy = int(data["quantized_copy"]["copies"] * quantized * b)

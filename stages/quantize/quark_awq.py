@@ -21,6 +21,7 @@ import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,24 +104,38 @@ def _report_layers(progress: Progress | None) -> Iterator[None]:
             module.tqdm = original
 
 
-def quantize(
-    src_dir: Path,
-    out_dir: Path,
-    *,
-    algorithm: str = "awq",
-    group_size: GroupSize = 128,
-    exclude_layers: Sequence[str] = ("lm_head",),
-    calib_texts: list[str] | None = None,
-    num_samples: int = DEFAULT_NUM_SAMPLES,
-    seq_len: int = DEFAULT_SEQ_LEN,
-    dtype: str = "float32",
-    device: str = "cpu",
-    progress: Progress | None = None,
-    tune_runtime: bool = True,
-    notify: Callable[[str], None] | None = None,
-    lm_head: LmHead = "exclude",
-) -> dict[str, Any]:
-    """Quantize the safetensors model in ``src_dir`` to a Quark UINT4 export in ``out_dir``.
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """How `quantize` runs (see its docstring for each)."""
+
+    algorithm: str = "awq"
+    group_size: GroupSize = 128
+    exclude_layers: Sequence[str] = ("lm_head",)
+    calib_texts: list[str] | None = None
+    num_samples: int = DEFAULT_NUM_SAMPLES
+    seq_len: int = DEFAULT_SEQ_LEN
+    dtype: str = "float32"
+    device: str = "cpu"
+    progress: Progress | None = None
+    tune_runtime: bool = True
+    notify: Callable[[str], None] | None = None
+    lm_head: LmHead = "exclude"
+
+
+@dataclass
+class _Quantization:
+    """What Quark's quantizer runs with: the loaded model (dropped once quantized), its config, the calibration."""
+
+    model: Any
+    qconfig: Any
+    batches: Any
+    progress: Progress | None
+    awq_record: Callable[[list], dict] | None = None
+
+
+def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = None, /, **fields) -> dict[str, Any]:
+    """Quantize the safetensors model in ``src_dir`` to a Quark UINT4 export in ``out_dir``; ``fields`` set
+    QuantizeSettings' fields over ``settings`` (quantize(src, out, algorithm="rtn")).
 
     ``calib_texts`` are the calibration documents (``None``: the bundled corpus); AWQ and
     GPTQ use ``num_samples`` windows of ``seq_len`` tokens, RTN uses none. ``progress`` is
@@ -135,17 +150,19 @@ def quantize(
     start = time.perf_counter()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     src_dir, out_dir = Path(src_dir), Path(out_dir)
-    algorithm = algorithm.lower()
-    exclude = list(exclude_layers)
+    opts = replace(settings or QuantizeSettings(), **fields)
+    opts = replace(opts, algorithm=opts.algorithm.lower())
+    algorithm, group_size, dtype, device, notify = opts.algorithm, opts.group_size, opts.dtype, opts.device, opts.notify
+    exclude = list(opts.exclude_layers)
     # -- cheap checks, before torch is even imported
     cfg, chosen, warns = _check_inputs(src_dir, out_dir, algorithm, dtype, group_size, exclude)
-    head = resolve_lm_head(cfg, lm_head, str(src_dir / "config.json"))
+    head = resolve_lm_head(cfg, opts.lm_head, str(src_dir / "config.json"))
     if head != "exclude":
         exclude = [e for e in exclude if e != "lm_head"]
     model_type = text_config(cfg).get("model_type") or cfg.get("model_type")
 
     # before quark is imported: some of its switches are read at import time
-    runtime = apply_runtime_settings() if tune_runtime and device == "cpu" else {}
+    runtime = apply_runtime_settings() if opts.tune_runtime and device == "cpu" else {}
     try:  # the allocator tuning ends with this call, also a failed one
         from raipack.core.quark_import import import_quark
 
@@ -155,7 +172,7 @@ def quantize(
         peak_reset = reset_peak_rss()
 
         t_load = time.perf_counter()
-        batches, calibration = _calibration(src_dir, algorithm, calib_texts, num_samples, seq_len, device, progress)
+        batches, calibration = _calibration(src_dir, opts)
         model = _load_model(src_dir, dtype, device)
         untied = head != "exclude" and _untie_lm_head(model)
         if untied:
@@ -169,8 +186,10 @@ def quantize(
             warns.extend(awq_groups.check_applied(record, model_type, str(src_dir)))
             return record
 
-        out = _quantize_and_export(model, qconfig, batches, src_dir, out_dir, cfg, progress, awq_record if algorithm == "awq" else None)
+        run = _Quantization(model, qconfig, batches, opts.progress, awq_record if algorithm == "awq" else None)
         del model, batches
+        out = _quantize_and_export(run, src_dir, out_dir, cfg)
+        del run
         awq = out["awq"]
 
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -243,20 +262,20 @@ def _quark_config(src_dir: Path, model_type: str | None, scheme: str, algorithm:
     return qconfig, source
 
 
-def _calibration(src_dir: Path, algorithm: str, calib_texts: list[str] | None, num_samples: int, seq_len: int, device: str,
-                 progress: Progress | None) -> tuple[_CalibrationBatches | None, dict | None]:
+def _calibration(src_dir: Path, opts: QuantizeSettings) -> tuple[_CalibrationBatches | None, dict | None]:
     """The calibration batches and their record (None for RTN), tokenized before the weights are loaded: bad data fails fast."""
+    calib_texts, num_samples, seq_len = opts.calib_texts, opts.num_samples, opts.seq_len
     from transformers import AutoTokenizer
 
     from raipack.stages.quantize.calibration import DEFAULT_CALIBRATION, read_texts, tokenize_texts
 
     tokenizer = AutoTokenizer.from_pretrained(str(src_dir), trust_remote_code=False, local_files_only=True)
-    if algorithm == "rtn":
+    if opts.algorithm == "rtn":
         return None, None
     texts = calib_texts if calib_texts is not None else read_texts(DEFAULT_CALIBRATION)
     source = "calib_texts" if calib_texts is not None else str(DEFAULT_CALIBRATION)
-    samples = [s.to(device) for s in tokenize_texts(texts, tokenizer, num_samples, seq_len, source=source)]
-    return _CalibrationBatches(samples, progress), {"num_samples": num_samples, "seq_len": seq_len, "tokens": num_samples * seq_len}
+    samples = [s.to(opts.device) for s in tokenize_texts(texts, tokenizer, num_samples, seq_len, source=source)]
+    return _CalibrationBatches(samples, opts.progress), {"num_samples": num_samples, "seq_len": seq_len, "tokens": num_samples * seq_len}
 
 
 def _load_model(src_dir: Path, dtype: str, device: str) -> Any:
@@ -286,10 +305,11 @@ def _untie_lm_head(model: Any) -> bool:
     return True
 
 
-def _quantize_and_export(model: Any, qconfig: Any, batches: Any, src_dir: Path, out_dir: Path, cfg: dict, progress: Progress | None,
-                         awq_record: Callable[[list], dict] | None = None) -> dict[str, Any]:
+def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: dict) -> dict[str, Any]:
     """Quark's quantize, freeze and export into ``out_dir`` (new or empty), then the files Quark does not write.
-    ``awq_record`` gets the groups AWQ scaled right after quantization and may refuse them (nothing is written then)."""
+    ``run.awq_record`` gets the groups AWQ scaled right after quantization and may refuse them (nothing is written then)."""
+    model, run.model = run.model, None  # this function holds the only reference: the float model is freed once quantized
+    qconfig, batches, progress, awq_record = run.qconfig, run.batches, run.progress, run.awq_record
     import torch
     from quark.torch import ModelQuantizer, export_safetensors
 

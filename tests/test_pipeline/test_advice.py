@@ -91,8 +91,9 @@ QUIET = [
 ]
 
 
-@pytest.mark.parametrize("case_id,profile_id,mutate,check_id,words", TRIGGERS, ids=[c[0] for c in TRIGGERS])
-def test_advice_fires(make_pkg, monkeypatch, case_id, profile_id, mutate, check_id, words):
+@pytest.mark.parametrize("case", TRIGGERS, ids=[c[0] for c in TRIGGERS])
+def test_advice_fires(make_pkg, monkeypatch, case):
+    case_id, profile_id, mutate, check_id, words = case
     pkg = make_pkg(profile_id)
     mutate(pkg)
     if case_id == "sdk-prompt":

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from factory import reference_export, reference_package
-from raipack.benchmark import Plan, bench, find_export, make_plan, npu_ready, parse_lengths
+from fake_machine import fake_machine
+from raipack.benchmark import Plan, Runs, bench, find_export, make_plan, npu_ready, parse_lengths
 from raipack.benchmark.render import as_csv, as_text
 from raipack.cli import main
 from raipack.core.errors import UsageError
@@ -148,6 +149,7 @@ def test_npu_is_tried_only_with_a_provider_library_outside_the_inputs(tmp_path, 
     lib.parent.mkdir()
     lib.write_bytes(b"\x7fELF")
     monkeypatch.setenv("RYZENAI_EP_PATH", str(lib))
+    fake_machine(monkeypatch)  # the NPU, the library loading and OGA's provider: probes of a machine we lack
     env, why = npu_ready(pkg, None)
     assert env == {"RYZENAI_EP_PATH": str(lib.resolve())} and why == ""
     env, why = npu_ready(pkg, lib.parent)  # a library inside the export is never loaded
@@ -173,19 +175,19 @@ def test_export_found_through_the_manifest_lineage(tmp_path):
 def test_without_an_export_the_package_is_measured_alone_and_oga_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "empty-cache"))
     pkg = reference_package("reference-16K")
-    plan = make_plan(pkg, [32], 4, 1, 0, None)
+    plan = make_plan(pkg, [32], Runs(4, 1, 0))
     assert [b for b, _ in plan.backends] == ["reference"]
     assert any(n.startswith("export not found") and "measuring the package alone" in n for n in plan.notes)
     assert len(plan.prompts[32]) == 32 and plan.prompt_source[32] == "prompts.txt"
     with pytest.raises(Exception, match="--backend oga needs the package's unfused export"):
-        make_plan(pkg, [32], 4, 1, 0, "oga")
+        make_plan(pkg, [32], Runs(4, 1, 0), "oga")
 
 
 def test_default_lengths_keep_what_fits(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "empty-cache"))
-    plan = make_plan(reference_package("reference-16K"), None, 4000, 1, 0, "reference")
+    plan = make_plan(reference_package("reference-16K"), None, Runs(4000, 1, 0), "reference")
     assert plan.lengths == [n for n in defaults()["lengths"] if n <= 4096]  # 16384 - 4000 leaves room for all up to the 4096 limit
-    plan = make_plan(reference_package("reference-4K"), None, 2500, 1, 0, "reference")
+    plan = make_plan(reference_package("reference-4K"), None, Runs(2500, 1, 0), "reference")
     assert plan.lengths == [1024, 512, 256, 128] and any("skipped" in n for n in plan.notes)
 
 

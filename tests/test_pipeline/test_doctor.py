@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from factory import lfs_pointer_text
+from fake_machine import fake_machine
 from helpers import edit_json
 from raipack import doctor, machine
 from raipack.cli.main import main
-from raipack.stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY
+from raipack.npu.settings import INSTALL_ENV
+from raipack.runtime import probes
+from raipack.runtime.provider import EP_ENV, LIBRARY
 
 
 @pytest.fixture
@@ -43,9 +46,7 @@ def ready_machine(monkeypatch, tmp_path, no_provider_env):
     monkeypatch.setenv(EP_ENV, str(lib))
     versions = {"onnxruntime_genai": ("onnxruntime-genai", "0.14.0"), "onnxruntime": ("onnxruntime", "1.22.0")}
     monkeypatch.setattr(machine, "installed", lambda kind: versions[kind])
-    monkeypatch.setattr(machine, "npu_device", lambda: {"present": True, "driver": "32.0.203.280", "detail": "fake NPU"})
-    monkeypatch.setattr(machine, "library_loads", lambda path: (True, ""))
-    monkeypatch.setattr(machine, "provider_known", lambda: (True, "fake"))
+    fake_machine(monkeypatch)
     return versions
 
 
@@ -60,7 +61,7 @@ def test_this_machine_says_no_npu_and_no_provider(make_pkg, capsys, no_provider_
     assert ("DR001" in out) is not npu_here and ("no NPU here" in out) is not npu_here
     assert "ERROR DR005: no RyzenAI provider library found" in out and "fix:" in out
     assert "needs Ryzen AI 1.8.0" in out and "onnxruntime-genai 0.14.0" in out
-    import onnxruntime_genai  # noqa: F401  (only to read its version for the comparison)
+    import onnxruntime_genai  # only to read its version for the comparison
 
     assert f"onnxruntime-genai: {onnxruntime_genai.__version__}" in out
     assert out.rstrip().endswith("error(s)") and out.rstrip().splitlines()[-1].startswith("will not run here")
@@ -111,13 +112,13 @@ def _session(doc):
     return doc["model"]["decoder"]["session_options"]
 
 
-@pytest.mark.parametrize("fault, edit, code, severity, words", [
-    ("windows path", lambda d: _session(d)["provider_options"][0]["RyzenAI"].update(external_data_file="C:\\models\\llama\\model.pb.bin"), "DR104", "error", "/model/decoder/session_options/provider_options/0/RyzenAI/external_data_file"),
-    ("absolute path", lambda d: d["model"]["decoder"].update(filename="/home/me/model.onnx"), "DR104", "error", "absolute or Windows-only"),
-    ("config_entries", lambda d: _session(d).update(config_entries={"hybrid_opt_token_backend": "npu"}), "DR103", "warning", "deprecated since Ryzen AI 1.7.0"),
-    ("custom ops missing", lambda d: _session(d).update(custom_ops_library="onnx_custom_ops.dll"), "DR106", "error", "'onnx_custom_ops.dll'"),
+@pytest.mark.parametrize("edit, code, severity, words", [
+    pytest.param(lambda d: _session(d)["provider_options"][0]["RyzenAI"].update(external_data_file="C:\\models\\llama\\model.pb.bin"), "DR104", "error", "/model/decoder/session_options/provider_options/0/RyzenAI/external_data_file", id="windows path"),
+    pytest.param(lambda d: d["model"]["decoder"].update(filename="/home/me/model.onnx"), "DR104", "error", "absolute or Windows-only", id="absolute path"),
+    pytest.param(lambda d: _session(d).update(config_entries={"hybrid_opt_token_backend": "npu"}), "DR103", "warning", "deprecated since Ryzen AI 1.7.0", id="config_entries"),
+    pytest.param(lambda d: _session(d).update(custom_ops_library="onnx_custom_ops.dll"), "DR106", "error", "'onnx_custom_ops.dll'", id="custom ops missing"),
 ])
-def test_package_faults(make_pkg, ready_machine, fault, edit, code, severity, words):
+def test_package_faults(make_pkg, ready_machine, edit, code, severity, words):
     pkg = make_pkg("1.8.0-npu-16K")
     edit_json(pkg / "genai_config.json", edit)
     report = doctor.doctor(pkg)
@@ -186,7 +187,7 @@ def test_a_provider_library_that_loads(tmp_path):
     src.write_text("int ryzenai_fake(void) { return 1; }\n")
     lib = tmp_path / LIBRARY
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    assert machine.library_loads(lib) == (True, "")
+    assert probes.library_loads(lib) == (True, "")
 
 
 FAKE_OGA = """class Model:
@@ -205,7 +206,7 @@ def test_whether_onnxruntime_genai_knows_the_provider(tmp_path, monkeypatch, mes
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_OGA.format(message=message))
     monkeypatch.setenv("PYTHONPATH", str(fake.parent))
-    found, how = machine.provider_known()
+    found, how = probes.provider_known()
     assert found is known, how
     if known is False:
         assert "Unknown provider name 'RyzenAI'" in how
@@ -214,7 +215,7 @@ def test_whether_onnxruntime_genai_knows_the_provider(tmp_path, monkeypatch, mes
 def test_the_real_onnxruntime_genai_is_probed(monkeypatch):
     """The installed 0.18 knows the RyzenAI name and tries to load its library (measured)."""
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    assert machine.provider_known()[0] is True
+    assert probes.provider_known()[0] is True
 
 
 def write_dist(site: Path, name: str, version: str) -> None:
@@ -240,13 +241,13 @@ def test_every_release_entry_says_where_it_comes_from():
 
 
 def test_linux_npu_device_from_a_fake_root(tmp_path):
-    assert machine.npu_device("linux", tmp_path)["present"] is False
+    assert probes.npu_device("linux", tmp_path)["present"] is False
     (tmp_path / "sys" / "module" / "amdxdna").mkdir(parents=True)
-    half = machine.npu_device("linux", tmp_path)
+    half = probes.npu_device("linux", tmp_path)
     assert half["present"] is False and "no /dev/accel/accel*" in half["detail"]
     (tmp_path / "dev" / "accel").mkdir(parents=True)
     (tmp_path / "dev" / "accel" / "accel0").write_text("")
-    full = machine.npu_device("linux", tmp_path)
+    full = probes.npu_device("linux", tmp_path)
     assert full["present"] is True and "/dev/accel/accel0" in full["detail"]
 
 
@@ -258,7 +259,7 @@ def test_windows_npu_driver_with_a_fake_powershell(stdout, present, driver):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, stdout, "")
 
-    npu = machine.npu_device("win32", runner=runner)
+    npu = probes.npu_device("win32", runner=runner)
     assert npu["present"] is present and npu["driver"] == driver and calls[0][0] == "powershell"
     problems = doctor._npu_problems(npu)
     assert [p.code for p in problems] == (["DR007"] if present else ["DR001"])  # .240 is older than .280

@@ -62,7 +62,7 @@ class Cluster:
                 "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS / "test_pipeline")])}  # the fake stages, this module
 
     def start(self, name: str, *args: str) -> None:
-        log = open(self.base / f"{name}.log", "w")  # noqa: SIM115 - the node writes it while it lives
+        log = open(self.base / f"{name}.log", "w")  # the node writes it while it lives
         cmd = [str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
                f"--temp-dir={self.base / name}", *args]
         self.nodes[name] = subprocess.Popen(cmd, env=self.env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

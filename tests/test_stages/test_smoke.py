@@ -12,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from fake_machine import fake_machine, fake_oga
 from helpers import edit_json
 from raipack.core.errors import RaipackError
+from raipack.npu.settings import INSTALL_ENV
+from raipack.runtime import probes
+from raipack.runtime.provider import EP_ENV, LIBRARY, find_provider_library
 from raipack.stages.fuse import sdk
 from raipack.stages.fuse.stage import choose_backend
-from raipack.stages.smoke.npu import EP_ENV, INSTALL_ENV, LIBRARY, find_provider_library, generate, try_npu
+from raipack.stages.smoke.npu import generate, try_npu
 from raipack.stages.smoke.stage import _problems
 from raipack.validate import validate
 
@@ -42,6 +46,9 @@ def provider_library(folder, marker):
     lib = folder / LIBRARY
     subprocess.run(["gcc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(lib), str(src)], check=True)
     return lib
+
+
+real_loads = probes.library_loads
 
 
 @pytest.fixture
@@ -73,6 +80,8 @@ def test_a_library_the_user_chose_is_tried_from_an_empty_folder(make_pkg, tmp_pa
     marker = tmp_path / "loaded"
     lib = provider_library(tmp_path / "sdk" / "lib", marker)
     monkeypatch.setenv(EP_ENV, str(lib.parent))
+    fake_machine(monkeypatch)  # the NPU and OGA's provider probe, which this machine lacks; the library's loading is real
+    monkeypatch.setattr(probes, "library_loads", real_loads)
     attempt = try_npu(pkg, [[1, 2, 3]], 4)
     assert attempt.ok is False and attempt.tokens == []
     assert "Failed to register RyzenAI execution provider library" in attempt.reason and str(lib) in attempt.reason
@@ -185,39 +194,16 @@ def test_a_model_that_loads_but_falls_back_is_no_npu_run(tmp_path, device, log, 
     assert attempt.ok is False and attempt.tokens == [] and expected in attempt.reason, attempt.reason
 
 
-FAKE_OGA = """import sys
-MODE = {mode!r}
-class Model:
-    def __init__(self, path):
-        if MODE == "stderr":
-            print("2026-01-01 [W:onnxruntime:, ryzenai] Falling back to CPU execution provider", file=sys.stderr)
-    @property
-    def device_type(self):
-        return "CPU" if MODE == "cpu" else "RyzenAI"
-class GeneratorParams:
-    def __init__(self, model): pass
-    def set_search_options(self, **kw): pass
-class Generator:
-    def __init__(self, model, params): self.n = 0
-    def append_tokens(self, ids): pass
-    def is_done(self): return False
-    def generate_next_token(self): self.n += 1
-    def get_next_tokens(self): return [40 + self.n]
-"""
-
-
 @pytest.mark.parametrize("mode", ["cpu", "stderr", "ryzenai"])
 def test_the_child_process_reports_a_fallback(make_pkg, tmp_path, monkeypatch, no_provider_env, mode):
     """try_npu end to end with a fake onnxruntime_genai on the child's PYTHONPATH (a tmp folder, never
     the current one): a CPU device or a fallback line on stderr is ok=False naming it; RyzenAI is ok."""
-    fake = tmp_path / "fake-oga" / "onnxruntime_genai"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(FAKE_OGA.format(mode=mode))
     lib = tmp_path / "sdk" / LIBRARY
     lib.parent.mkdir()
     lib.write_bytes(b"")  # found, never loaded: the fake runtime loads nothing
     monkeypatch.setenv(EP_ENV, str(lib))
-    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    monkeypatch.setenv("PYTHONPATH", str(fake_oga(tmp_path, mode)))
+    fake_machine(monkeypatch)  # an NPU, a library that loads, an OGA that knows RyzenAI: the child's fake runtime does the rest
     attempt = try_npu(make_pkg("1.8.0-npu-16K"), [[1, 2, 3]], 3)
     if mode == "ryzenai":
         assert attempt.ok and attempt.tokens == [[41, 42, 43]] and "'RyzenAI'" in attempt.reason, attempt.reason

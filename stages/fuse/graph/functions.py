@@ -55,7 +55,9 @@ def _local(formal: dict, name: str) -> str:
     return formal[name]
 
 
-def make_function(name: str, members, labels, acts, weights, outs, opsets) -> onnx.FunctionProto:
+def make_function(name: str, members, labels, io: tuple[list, list, list], opsets) -> onnx.FunctionProto:
+    """The function of a group of nodes; `io` is the group's (activations, weights, outputs) (graph.group_io)."""
+    acts, weights, outs = io
     formal = {x: f"x{j}" for j, x in enumerate(acts)}
     formal.update({x: f"w{j}" for j, x in enumerate(weights)})
     formal.update({o: f"y{j}" for j, o in enumerate(outs)})

@@ -65,7 +65,7 @@ class _Fuser:
         k = variants.index(sig)
         fname = op_type if k == 0 else f"{op_type}_v{k + 1}"
         if new:
-            self.functions.append(make_function(fname, members, labels, acts, weights, outs, self.opsets))
+            self.functions.append(make_function(fname, members, labels, (acts, weights, outs), self.opsets))
         return fname
 
     def add_layers(self, gqas: list) -> None:

@@ -18,9 +18,11 @@ from raipack.cli.main import cli
 @click.option("--warmup", type=click.IntRange(0, 100), default=1, show_default=True, help="Untimed runs first.")
 @click.option("--backend", type=click.Choice(["npu", "reference", "oga"]), help="One backend only (default: reference and oga side by side).")
 @click.option("--export", "export", type=click.Path(path_type=Path, file_okay=False, exists=True), help="The unfused export (default: found through manifest.json's lineage in the build cache).")
+@click.option("--numerics", default="float", show_default=True,
+              help="The reference backend's numerics, comma-separated: float, bfp16 (the NPU's BFP16 activations as Quark defines them; needs amd-quark), or float,bfp16 side by side.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write here instead of stdout.")
-def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, output):
+def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, numerics, fmt, output):
     """Measure a package the way AMD's model_benchmark does: per prompt length, the
     time to first token, decode tokens per second and peak memory, with the backend
     that really ran; by default the package (reference runtime) beside its unfused
@@ -32,15 +34,16 @@ def bench_cmd(package, lengths, gen_tokens, runs, warmup, backend, export, fmt, 
       1  a backend cannot run here (--backend npu without the Ryzen AI runtime,
          a package that does not run)
       2  usage error: PACKAGE is not a folder, a length that is not a positive
-         whole number or is above the package's prompt limit, a bad option
+         whole number or is above the package's prompt limit, a bad option,
+         --numerics bfp16 without amd-quark
       3  the folder holds no model package
     """
-    from raipack.benchmark import bench, make_plan, parse_lengths
+    from raipack.benchmark import bench, make_plan, parse_lengths, parse_numerics
     from raipack.benchmark.render import as_csv, as_json, as_text
     from raipack.core.output import atomic_write_text
 
     asked = parse_lengths(lengths) if lengths is not None else None
-    plan = make_plan(package, asked, gen_tokens, runs, warmup, backend, export)
+    plan = make_plan(package, asked, gen_tokens, runs, warmup, backend, export, parse_numerics(numerics))
     for backend_name, folder in plan.backends:
         click.echo(f"measuring {backend_name} on {folder} ...", err=True)
     doc = bench(plan)

@@ -89,17 +89,20 @@ def fake_plan(**kw) -> Plan:
     return Plan(Path("pkg"), [256], 8, 3, 0, [("reference", Path("pkg")), ("oga", Path("oga"))], prompt_source={256: "prompts.txt"}, **kw)
 
 
+def fake_runner(timings: dict, key: str, jobs: list):
+    """A child that reports `timings[job[key]]` (TTFT runs, tok/s runs, peak MB) for a 256-token prompt."""
+    def runner(job, env):
+        jobs.append(job)
+        ttft, tps, peak = timings[job[key]]
+        return {"ran_on": f"{job['backend']} here", "rows": [{"prompt_tokens": 256, "ttft_s": ttft, "tokens_per_s": tps, "gen_tokens": 8,
+                                                            "peak_rss_mb": peak, "peak_rss_scope": "length"}]}
+    return runner
+
+
 def test_median_min_max_and_ratios_on_fake_timings():
     timings = {"reference": ([0.3, 0.1, 0.2], [10.0, 30.0, 20.0], 500.0), "oga": ([0.05, 0.15, 0.1], [40.0, 50.0, 60.0], 250.0)}
     jobs = []
-
-    def runner(job, env):
-        jobs.append(job)
-        ttft, tps, peak = timings[job["backend"]]
-        return {"ran_on": job["backend"] + " here", "rows": [{"prompt_tokens": 256, "ttft_s": ttft, "tokens_per_s": tps, "gen_tokens": 8,
-                                                               "peak_rss_mb": peak, "peak_rss_scope": "length"}]}
-
-    doc = bench(fake_plan(), runner=runner)
+    doc = bench(fake_plan(), runner=fake_runner(timings, "backend", jobs))
     ref, oga = doc["rows"]
     assert ref["ttft_ms"] == {"median": 200.0, "min": 100.0, "max": 300.0}
     assert ref["tokens_per_s"] == {"median": 20.0, "min": 10.0, "max": 30.0}
@@ -209,15 +212,8 @@ def test_prompts_txt_in_built_packages_is_accepted_by_validate(tmp_path):
 def test_bfp16_rows_get_their_own_ratio_against_float_on_fake_timings():
     timings = {"float": ([0.1, 0.1, 0.1], [40.0, 40.0, 40.0], 100.0), "bfp16": ([0.3, 0.3, 0.3], [10.0, 10.0, 10.0], 300.0)}
     jobs = []
-
-    def runner(job, env):
-        jobs.append(job)
-        ttft, tps, peak = timings[job["numerics"]]
-        return {"ran_on": f"{job['backend']} {job['numerics']}", "rows": [{"prompt_tokens": 256, "ttft_s": ttft, "tokens_per_s": tps, "gen_tokens": 8,
-                                                                       "peak_rss_mb": peak, "peak_rss_scope": "length"}]}
-
     plan = Plan(Path("pkg"), [256], 8, 3, 0, [("reference", Path("pkg")), ("reference-bfp16", Path("pkg"))], prompt_source={256: "prompts.txt"})
-    doc = bench(plan, runner=runner)
+    doc = bench(plan, runner=fake_runner(timings, "numerics", jobs))
     assert [(j["backend"], j["numerics"]) for j in jobs] == [("reference", "float"), ("reference", "bfp16")]
     assert [r["backend"] for r in doc["rows"]] == ["reference", "reference-bfp16"]
     assert doc["ratios"] == [{"prompt_tokens": 256, "of": "reference-bfp16/reference", "ttft": 3.0, "tokens_per_s": 0.25, "peak_rss": 3.0}]

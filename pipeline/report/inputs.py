@@ -78,6 +78,14 @@ def evaluation(path: Path) -> dict:
             _results(path, link.get("results"), f"raipack.chain[{i}].results", hint)
         return doc
     _results(path, doc.get("results"), "results", hint)
+    rows = (doc.get("raipack") or {}).get("rows") if isinstance(doc.get("raipack"), dict) else None
+    if rows is not None:  # raipack eval --numerics bfp16: the package under each numerics
+        if not isinstance(rows, list):
+            raise _bad(path, "raipack.rows", "a list", hint)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not isinstance(row.get("numerics"), str):
+                raise _bad(path, f"raipack.rows[{i}]", "an object with a numerics", hint)
+            _results(path, row.get("results"), f"raipack.rows[{i}].results", hint)
     return doc
 
 

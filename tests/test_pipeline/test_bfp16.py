@@ -230,3 +230,37 @@ def test_without_quark_bfp16_is_one_sentence_exit_2(monkeypatch, tmp_path, capsy
     err = capsys.readouterr().err
     assert done.value.code == 2
     assert "--numerics bfp16 needs amd-quark" in err and "build extra" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------ the smoke stage's perplexities
+
+
+def test_smoke_records_the_package_perplexity_under_float_and_bfp16():
+    """The float number is the export's on the same window (the fused package computes what the export
+    does); the BFP16 one differs, and both reach the quality record the report shows."""
+    import contextlib
+
+    from factory import reference_export
+    from raipack.runtime.chat import chat_ids, load_tokenizer
+    from raipack.runtime.heldout import heldout_ids
+    from raipack.runtime.ortloop import OrtDecoder, perplexity
+    from raipack.runtime.reference import ReferenceRuntime
+    from raipack.stages.smoke.stage import SmokeConfig, _perplexities, _summarize
+
+    pkg, oga = reference_package("reference-4K"), reference_export()[0]
+    tok = load_tokenizer(pkg)
+    rt = ReferenceRuntime(pkg)
+    report = {"device": "cpu-reference", "answer": "x", "tokens_match_export": True}
+
+    class Quiet:
+        def task(self, *a, **k):
+            return contextlib.nullcontext(lambda n=1: None)
+
+    _perplexities(report, rt, pkg, tok, chat_ids(tok, "What is the capital of France?"), SmokeConfig(numerics="bfp16", max_new_tokens=4), Quiet())
+    ids = heldout_ids(tok, rt.max_length - 1)
+    assert report["ppl_window_tokens"] == len(ids) > 100
+    assert report["ppl_package"] == pytest.approx(perplexity(OrtDecoder(oga).logits(ids), ids), rel=1e-4)
+    assert np.isfinite(report["ppl_package_bfp16"]) and report["ppl_package_bfp16"] != report["ppl_package"]
+    q = _summarize(report)["quality"]
+    assert {"ppl_package", "ppl_package_bfp16", "answer_bfp16", "numerics_note"} <= set(q)
+    assert q["numerics_note"] == "BFP16 as Quark defines it; the NPU's exact arithmetic is not published"

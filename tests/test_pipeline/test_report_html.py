@@ -28,7 +28,8 @@ REPORTS = {  # what the real stages record, in their shapes (see a real build's 
     "export": {"quality": {"ppl_quark": 35.53, "ppl_exported": 35.53, "ppl_ratio": 1.0, "greedy_identical": True}},
     "smoke": {"device": "cpu-reference", "ttft_s": {"1": 0.09, "125": 0.33, "253": 0.56, "509": 1.2}, "decode_tokens_per_s": 39.9,
               "tiers": [{"tier": 128, "prompt_tokens": 125, "ttft_s": 0.33, "tokens_match_export": True}],
-              "quality": {"device": "cpu-reference", "answer": "Paris", "tokens_match_export": True}},
+              "quality": {"device": "cpu-reference", "answer": "Paris", "tokens_match_export": True, "ppl_package": 35.53, "ppl_package_bfp16": 36.24,
+                          "answer_bfp16": "Paris.", "numerics_note": "BFP16 as Quark defines it; the NPU's exact arithmetic is not published"}},
 }
 BENCH = {"format": "raipack-bench", "format_version": 1, "package": "p", "date": "2026-12-02", "machine": {"cores": 2, "cpu": "test cpu"},
          "rows": [{"backend": b, "ran_on": "cpu", "prompt_tokens": n, "gen_tokens": 16, "runs": 3, "peak_rss_mb": 300.0,
@@ -145,7 +146,11 @@ def test_report_opens_in_a_real_browser(built, tmp_path):
     assert len(svgs) == 3  # stage bars, TTFT and tokens/s from bench.json
     assert [r.findtext("td") for r in doc.findall(".//table[@id='bench-table']/tbody/tr")][:1] == ["reference"]
     assert [[c.text for c in r.findall("td")][-1] for r in doc.findall(".//table[@id='eval-table']/tbody/tr")] == ["0.0000", "0.1000"]  # drop vs source
-    assert len(doc.findall(".//table[@id='quality-table']/tbody/tr")) == 5
+    quality = [[c.text for c in r.findall("td")] for r in doc.findall(".//table[@id='quality-table']/tbody/tr")]
+    assert len(quality) == 6
+    assert quality[-2][1:4] == ["package (cpu-reference, float)", "35.5300", "tokens equal the export's"]
+    assert quality[-1][1:] == ["package (cpu-reference, BFP16 activations)", "36.2400", "+2.00% vs float", "Paris."]  # the chain's last link
+    assert "BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in doc.find(".//p[@id='numerics-note']").text
     groups = {h.text: h for h in doc.findall(".//section[@id='findings']/h3")}
     assert "helper.py" in groups and "hint:" in "".join(doc.find(".//section[@id='findings']").itertext())
     assert not doc.findall(".//script") and not doc.findall(".//img")  # the planted markup stayed text

@@ -11,7 +11,8 @@ each call (`round_bfloat16`): the cache buffer is shared between past and presen
 of the graph can round it. BFP16 as Quark defines it; the NPU's exact arithmetic is not published.
 
 Quark's operator library comes from Quark's own install, `get_library_path("CPU")` (compiled on
-first use into the torch extensions folder), never from the package or the working directory.
+first use into the torch extensions folder), never from the package, nor from a relative
+TORCH_EXTENSIONS_DIR (which the working directory would decide).
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def require_quark() -> None:
 
 def quark_library(untrusted: tuple[Path, ...] = ()) -> Path:
     """The path of Quark's custom-op library (BFPQuantizeDequantize), from Quark's own install;
-    refused when it lies inside the package or the working directory."""
+    refused when it lies inside the package (or another `untrusted` folder), or when
+    TORCH_EXTENSIONS_DIR is a relative path (the working directory would choose the library)."""
+    import os
+
     require_quark()
+    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if ext and not Path(ext).is_absolute():
+        raise RaipackError(f"TORCH_EXTENSIONS_DIR is the relative path {ext!r}: Quark's custom-op library would be taken from the working directory",
+                           "set TORCH_EXTENSIONS_DIR to an absolute path outside any package, or unset it")
     try:
         from quark.onnx.operators.custom_ops import get_library_path
 
@@ -61,10 +69,10 @@ def quark_library(untrusted: tuple[Path, ...] = ()) -> Path:
     except Exception as exc:  # noqa: BLE001  (the compile may fail many ways: no compiler, no torch)
         raise RaipackError(f"Quark's custom-op library (BFPQuantizeDequantize) could not be built or found: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                            "check that torch and a C++ compiler are installed (Quark compiles the library on first use), or run with --numerics float") from None
-    for folder in (Path.cwd(), *untrusted):
+    for folder in untrusted:
         if lib.is_relative_to(Path(folder).resolve()):
-            raise RaipackError(f"Quark's custom-op library resolves to {lib}, inside {folder}: raipack never loads a library from a package or the working directory",
-                               "unset TORCH_EXTENSIONS_DIR or point it outside, then run again")
+            raise RaipackError(f"Quark's custom-op library resolves to {lib}, inside {folder}: raipack never loads a library from a package",
+                               "unset TORCH_EXTENSIONS_DIR or point it outside the package, then run again")
     if not lib.is_file():
         raise RaipackError(f"Quark returned {lib} for its custom-op library, which is not a file", "reinstall amd-quark, or run with --numerics float")
     return lib

@@ -264,3 +264,26 @@ def test_smoke_records_the_package_perplexity_under_float_and_bfp16():
     q = _summarize(report)["quality"]
     assert {"ppl_package", "ppl_package_bfp16", "answer_bfp16", "numerics_note"} <= set(q)
     assert q["numerics_note"] == "BFP16 as Quark defines it; the NPU's exact arithmetic is not published"
+
+
+@pytest.mark.parametrize("where", ["package", "relative"])
+def test_quark_library_from_the_package_or_the_working_directory_is_refused(tmp_path, monkeypatch, where):
+    from raipack.core.errors import RaipackError
+    from raipack.runtime import numerics
+
+    pkg = tmp_path / "pkg"
+    (pkg / "ext").mkdir(parents=True)
+    planted = pkg / "ext" / "quark_custom_ops_stable_abi.so"
+    planted.write_bytes(b"\x7fELF")
+    import quark.onnx.operators.custom_ops as ops
+
+    monkeypatch.setattr(ops, "get_library_path", lambda device="CPU": str(planted))
+    if where == "relative":
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "ext")
+        monkeypatch.chdir(pkg)
+        match = "TORCH_EXTENSIONS_DIR is the relative path 'ext'"
+    else:
+        monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        match = "inside .*pkg: raipack never loads a library from a package"
+    with pytest.raises(RaipackError, match=match):
+        numerics.quark_library(untrusted=(pkg,))

@@ -99,7 +99,7 @@ def eval_tables(doc: dict | None) -> dict | None:
                 stderr = metrics.get(key.replace(metric, f"{metric}_stderr", 1))
                 rows.append({"stage": link.get("stage"), "ran_on": link.get("ran_on") or meta.get("ran_on"), "task": task, "metric": metric, "value": value,
                              "stderr": stderr if isinstance(stderr, (int, float)) else None, "drop": _drop(link.get("drop"), task, key)})
-    return {"rows": rows, "ran_on": meta.get("ran_on"), "chain": "chain" in meta}
+    return {"rows": rows, "ran_on": meta.get("ran_on"), "chain": "chain" in meta, "numerics": bool(by_numerics) and "chain" not in meta}
 
 
 def performance(stages: list[dict], bench: dict | None) -> dict:

@@ -186,3 +186,20 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(built, tmp_path, m
 
     listed = {f["path"]: f["sha256"] for f in manifest.read(pkg)["files"]}["report.html"]
     assert hashlib.sha256((pkg / "report.html").read_bytes()).hexdigest() == listed
+
+
+def test_eval_json_of_numerics_rows_becomes_a_float_and_a_bfp16_row(tmp_path):
+    """raipack eval PACKAGE --numerics bfp16 writes raipack.rows; the page shows one row per numerics, dropped vs float."""
+    from raipack.report import inputs
+    from raipack.report.collect import eval_tables
+
+    rows = [{"numerics": n, "ran_on": f"cpu-reference {n}", "results": {"prose": {"word_perplexity,none": v}},
+             "drop": {"prose": {"word_perplexity,none": {"value": v, "vs_source": d, "vs_previous": d}}}} for n, v, d in (("float", 20.0, 0.0), ("bfp16", 20.5, 0.5))]
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"results": rows[0]["results"], "raipack": {"kind": "package", "numerics": ["float", "bfp16"], "rows": rows}}))
+    table = eval_tables(inputs.evaluation(path))
+    assert table["numerics"] and not table["chain"]
+    assert [(r["stage"], r["value"], r["drop"]) for r in table["rows"]] == [("package (float)", 20.0, 0.0), ("package (bfp16)", 20.5, 0.5)]
+    path.write_text(json.dumps({"results": rows[0]["results"], "raipack": {"rows": [{"numerics": 1}]}}))
+    with pytest.raises(Exception, match=r"raipack.rows\[0\]"):
+        inputs.evaluation(path)

@@ -52,7 +52,10 @@ def eval_cmd(target, tasks, limit, num_fewshot, include_path, chain, output, num
         text = chain_table(doc)
     else:
         doc = evaluate(target, req)
-        text = (table(doc) if numerics == "float" else numerics_table(doc)) + f"\nran on: {doc['raipack']['ran_on']}"
+        if numerics == "float":
+            text = table(doc) + f"\nran on: {doc['raipack']['ran_on']}"
+        else:
+            text = numerics_table(doc) + "".join(f"\nran on ({r['numerics']}): {r['ran_on']}" for r in doc["raipack"]["rows"])
     if output is not None:
         atomic_write_text(output, json.dumps(doc, indent=2) + "\n")
     click.echo(text)

@@ -356,6 +356,7 @@ def test_eval_bfp16_reports_the_float_and_bfp16_rows_side_by_side(runs, build_pa
     assert lines[0].split() == ["task", "metric", "float", "bfp16", "drop"]
     assert any(line.split()[:2] == ["tiny_roll", "word_perplexity"] for line in lines)
     assert "note: BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in res.output
+    assert any(line.startswith("ran on (bfp16): cpu-reference") for line in lines)
 
 
 def test_eval_bfp16_on_an_export_is_one_sentence_exit_2(build_parts, tasks):

@@ -10,6 +10,9 @@ really ran named in every row.
   with --export), `npu` (onnxruntime-genai with the RyzenAI provider, only where
   pipeline/runtime/readiness.py says the NPU can run the package here). By default
   the package and its export side by side, with the ratio of every figure.
+- Numerics (`numerics`, e.g. ["float", "bfp16"]): the reference backend once per numerics; under
+  bfp16 (pipeline/runtime/numerics.py) its rows are backend `reference-bfp16`, and its figures get
+  a ratio against the float `reference` rows: the cost of the NPU's formats emulated on the CPU.
 - Each backend runs in a child process (pipeline/benchmark/child.py) started from an empty folder:
   its peak memory is its own, and nothing is imported from the current folder.
 - Warm-up runs, then N runs per length; median, min and max of each figure.
@@ -129,9 +132,22 @@ class Runs:
     warmup: int = 1  # untimed runs first
 
 
-def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str | None = None, export: Path | None = None) -> Plan:
+def parse_numerics(text: str) -> list[str]:
+    """'float,bfp16' -> ["float", "bfp16"]; UsageError for another name."""
+    from raipack.runtime.numerics import check_mode
+
+    return list(dict.fromkeys(check_mode(t.strip()) for t in str(text).split(",") if t.strip())) or ["float"]
+
+
+def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str | None = None, export: Path | None = None,
+              numerics: list[str] | None = None) -> Plan:
     """Everything checked and settled before anything runs."""
     gen = runs.gen
+    numerics = numerics or ["float"]
+    if any(n != "float" for n in numerics):
+        from raipack.runtime.numerics import require_quark
+
+        require_quark()
     package = Path(package)
     if not package.is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
@@ -151,7 +167,8 @@ def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str
             raise RaipackError(f"--backend npu cannot run on this machine: {why}", "install the Ryzen AI runtime and set RYZENAI_EP_PATH (raipack doctor says what is missing), or use --backend reference")
         plan.env, plan.backends = env, [("npu", package)]
     else:
-        plan.backends = [(b, f) for b, f in (("reference", package), ("oga", export)) if f is not None and backend in (None, b)]
+        refs = [("reference" if n == "float" else f"reference-{n}", package) for n in numerics]
+        plan.backends = [(b, f) for b, f in (*refs, ("oga", export)) if f is not None and backend in (None, b.split("-")[0])]
     _prompts(plan)
     return plan
 
@@ -237,7 +254,8 @@ def bench(plan: Plan, runner=run_child) -> dict:
     start_machine = machine()
     rows: list[dict] = []
     for backend, folder in plan.backends:
-        job = {"backend": backend, "folder": str(folder.resolve()), "prompts": {str(n): ids for n, ids in plan.prompts.items()},
+        kind, _, numerics = backend.partition("-")
+        job = {"backend": kind, "numerics": numerics or "float", "folder": str(folder.resolve()), "prompts": {str(n): ids for n, ids in plan.prompts.items()},
                "gen": plan.gen, "runs": plan.runs, "warmup": plan.warmup, "max_length": max(plan.lengths) + plan.gen + 1}
         result = runner(job, plan.env if backend == "npu" else {})
         if "error" in result:
@@ -246,4 +264,4 @@ def bench(plan: Plan, runner=run_child) -> dict:
         rows += rows_of(backend, result, plan)
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "package": str(plan.package), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": start_machine, "settings": {"lengths": plan.lengths, "gen_tokens": plan.gen, "runs": plan.runs, "warmup": plan.warmup},
-            "rows": rows, "ratios": ratios(rows), "notes": plan.notes}
+            "rows": rows, "ratios": ratios(rows) + ratios(rows, "reference-bfp16", "reference"), "notes": plan.notes}

@@ -5,7 +5,8 @@ folder (nothing is imported from the current folder), with the job as JSON on st
 line `raipack-bench-result {...}` on stdout. Every backend is driven by the same greedy loop
 (`raipack.runtime.chat.timed_generate`: prefill timed apart from the decode steps), so the
 figures compare the runtimes, not two loops:
-- reference: raipack's reference runtime on the package (the CPU, the way the NPU runtime would);
+- reference: raipack's reference runtime on the package (the CPU, the way the NPU runtime would),
+  with the job's numerics (float, or bfp16: pipeline/runtime/numerics.py);
 - oga: onnxruntime-genai on the unfused export (`Generator.append_tokens`, `get_logits`), or,
   where onnxruntime-genai is not installed, raipack's plain onnxruntime loop (ortloop.py);
 - npu: onnxruntime-genai on the package with the RyzenAI provider, only when the model says it
@@ -97,9 +98,12 @@ def open_backend(job: dict):
     if backend == "reference":
         import onnxruntime as ort
 
+        from raipack.runtime.numerics import HONEST
         from raipack.runtime.reference import ReferenceRuntime
 
-        return ReferenceRuntime(folder), f"raipack reference runtime (onnxruntime {ort.__version__}, CPU)"
+        numerics = job.get("numerics", "float")
+        what = "" if numerics == "float" else f"; {numerics} activations, {HONEST}"
+        return ReferenceRuntime(folder, numerics=numerics), f"raipack reference runtime (onnxruntime {ort.__version__}, CPU{what})"
     try:
         import onnxruntime_genai as og
     except ImportError:

@@ -38,28 +38,32 @@ def as_text(doc: dict) -> str:
     """Per prompt length, each backend's TTFT, tokens/s and peak MB (median, min–max), then the ratios."""
     backends = list(dict.fromkeys(r["backend"] for r in doc["rows"]))
     by = {(r["backend"], r["prompt_tokens"]): r for r in doc["rows"]}
-    rat = {q["prompt_tokens"]: q for q in doc["ratios"]}
+    kinds = list(dict.fromkeys(q["of"] for q in doc["ratios"]))
+    rat = {(q["of"], q["prompt_tokens"]): q for q in doc["ratios"]}
     m, s = doc["machine"], doc["settings"]
     lines = [f"raipack bench {doc['package']}", f"{doc['date']}, {m['cores']} cores ({m['cpu']}), load average {m['load_average']}; "
              f"{s['gen_tokens']} generated tokens, {s['warmup']} warm-up + {s['runs']} runs, median (min–max)"]
     lines += [f"  {b}: {next(r['ran_on'] for r in doc['rows'] if r['backend'] == b)}" for b in backends]
     head = ["prompt len"] + [f"{b} {what}" for b in backends for what in ("TTFT ms", "tok/s", "peak MB")]
-    if rat:
-        head += ["TTFT ×", "tok/s ×", "peak ×"]
+    for kind in kinds:
+        suffix = "" if len(kinds) == 1 else f" {kind}"
+        head += [f"TTFT ×{suffix}", f"tok/s ×{suffix}", f"peak ×{suffix}"]
     table = [head]
     for n in s["lengths"]:
         row = [str(n)]
         for b in backends:
             r = by.get((b, n))
             row += [_cell(r["ttft_ms"]), _cell(r["tokens_per_s"]), f"{r['peak_rss_mb']:.0f}"] if r else ["-", "-", "-"]
-        if rat:
-            q = rat.get(n, {})
+        for kind in kinds:
+            q = rat.get((kind, n), {})
             row += [_x(q.get("ttft")), _x(q.get("tokens_per_s")), _x(q.get("peak_rss"))]
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines += ["", *("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table)]
-    if rat:
-        lines.append(f"× = {doc['ratios'][0]['of']}, the ratio of the medians (TTFT below 1 and tok/s above 1: the package is faster)")
+    for kind in kinds:
+        label = "×" if len(kinds) == 1 else f"× {kind}"
+        first = "the package" if kind == "reference/oga" else kind.split("/")[0]
+        lines.append(f"{label} = {kind}, the ratio of the medians (TTFT below 1 and tok/s above 1: {first} is faster)")
     lines += [f"note: {n}" for n in doc.get("notes", [])]
     return "\n".join(lines) + "\n"
 

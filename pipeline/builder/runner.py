@@ -206,7 +206,7 @@ def _gate_request(recipe: Recipe):
     from raipack.evaluation.run import Request
 
     base = Path(recipe.path).resolve().parent if recipe.path else Path.cwd()
-    req = Request(cfg.tasks, cfg.limit, cfg.num_fewshot, base / cfg.include_path if cfg.include_path else None)
+    req = Request(cfg.tasks, cfg.limit, cfg.num_fewshot, base / cfg.include_path if cfg.include_path else None, cfg.numerics)
     preflight(req)
     return req, cfg.max_drop
 

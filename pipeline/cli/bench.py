@@ -18,6 +18,8 @@ from raipack.cli.main import cli
 @click.option("--warmup", type=click.IntRange(0, 100), default=1, show_default=True, help="Untimed runs first.")
 @click.option("--backend", type=click.Choice(["npu", "reference", "oga"]), help="One backend only (default: reference and oga side by side).")
 @click.option("--export", "export", type=click.Path(path_type=Path, file_okay=False, exists=True), help="The unfused export (default: found through manifest.json's lineage in the build cache).")
+@click.option("--numerics", default="float", show_default=True,
+              help="The reference backend's numerics, comma-separated: float, bfp16 (the NPU's BFP16 activations as Quark defines them; needs amd-quark), or float,bfp16 side by side.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write here instead of stdout.")
 def bench_cmd(package, lengths, fmt, output, **measure):
@@ -32,16 +34,17 @@ def bench_cmd(package, lengths, fmt, output, **measure):
       1  a backend cannot run here (--backend npu without the Ryzen AI runtime,
          a package that does not run)
       2  usage error: PACKAGE is not a folder, a length that is not a positive
-         whole number or is above the package's prompt limit, a bad option
+         whole number or is above the package's prompt limit, a bad option,
+         --numerics bfp16 without amd-quark
       3  the folder holds no model package
     """
-    from raipack.benchmark import Runs, bench, make_plan, parse_lengths
+    from raipack.benchmark import Runs, bench, make_plan, parse_lengths, parse_numerics
     from raipack.benchmark.render import as_csv, as_json, as_text
     from raipack.core.output import atomic_write_text
 
     asked = parse_lengths(lengths) if lengths is not None else None
     runs = Runs(measure["gen_tokens"], measure["runs"], measure["warmup"])
-    plan = make_plan(package, asked, runs, measure["backend"], measure["export"])
+    plan = make_plan(package, asked, runs, measure["backend"], measure["export"], parse_numerics(measure["numerics"]))
     for backend_name, folder in plan.backends:
         click.echo(f"measuring {backend_name} on {folder} ...", err=True)
     doc = bench(plan)

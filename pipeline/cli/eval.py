@@ -19,6 +19,8 @@ from raipack.cli.main import cli
 @click.option("--include-path", type=click.Path(path_type=Path), help="A local task folder: lm-eval YAML task files and their JSONL data.")
 @click.option("--chain", is_flag=True, help="TARGET is a build (its output folder or its package): run every stage and show the drops.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write lm-eval's results (JSON, with a \"raipack\" key) here.")
+@click.option("--numerics", type=click.Choice(["float", "bfp16"]), default="float", show_default=True,
+              help="bfp16: score a package under float and under the NPU's BFP16 activations (as Quark defines them), side by side.")
 def eval_cmd(target, tasks, chain, output, **request):
     """Score TARGET with lm-eval-harness; the kind of TARGET is detected.
 
@@ -34,13 +36,14 @@ def eval_cmd(target, tasks, chain, output, **request):
       0  evaluated
       1  a target cannot be run
       2  usage error: an unknown task, a task file that is not lm-eval's
-         format, a TARGET that is none of the kinds, a bad option;
-         nothing is written
+         format, a TARGET that is none of the kinds, a bad option,
+         --numerics bfp16 on a target that is not a package or without
+         amd-quark; nothing is written
     """
     from raipack.core.output import atomic_write_text
-    from raipack.evaluation.run import Request, check_output, evaluate, parse_tasks, table
+    from raipack.evaluation.run import Request, check_output, evaluate, numerics_table, parse_tasks, table
 
-    req = Request(parse_tasks(tasks), request["limit"], request["num_fewshot"], request["include_path"])
+    req = Request(parse_tasks(tasks), request["limit"], request["num_fewshot"], request["include_path"], request["numerics"])
     check_output(output)
     if chain:
         from raipack.evaluation.chain import chain_table, run_chain, stage_outputs
@@ -49,7 +52,10 @@ def eval_cmd(target, tasks, chain, output, **request):
         text = chain_table(doc)
     else:
         doc = evaluate(target, req)
-        text = table(doc) + f"\nran on: {doc['raipack']['ran_on']}"
+        if request["numerics"] == "float":
+            text = table(doc) + f"\nran on: {doc['raipack']['ran_on']}"
+        else:
+            text = numerics_table(doc) + "".join(f"\nran on ({r['numerics']}): {r['ran_on']}" for r in doc["raipack"]["rows"])
     if output is not None:
         atomic_write_text(output, json.dumps(doc, indent=2) + "\n")
     click.echo(text)

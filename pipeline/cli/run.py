@@ -17,7 +17,9 @@ from raipack.cli.main import cli
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--threads", type=click.IntRange(1, 256), help="CPU threads (default: onnxruntime's choice).")
 @click.option("--sdk-version", help="Ryzen AI version whose max_prompt_length applies (default: the package's release).")
-def run_cmd(package, prompt, max_new_tokens, raw, threads, sdk_version):
+@click.option("--numerics", type=click.Choice(["float", "bfp16"]), default="float", show_default=True,
+              help="bfp16: the NPU's BFP16 activations and bfloat16 KV cache, as Quark defines them (needs amd-quark).")
+def run_cmd(package, prompt, **options):
     """Answer a prompt with a raipack package on the CPU reference runtime.
 
     Before loading, every weights file is checked against the sizes and hashes
@@ -31,11 +33,11 @@ def run_cmd(package, prompt, max_new_tokens, raw, threads, sdk_version):
          the build or outside the package, or the prompt is longer than the
          package takes
       2  usage error: PACKAGE is not a folder, the prompt is not UTF-8 text,
-         a bad option
+         a bad option, --numerics bfp16 without amd-quark installed
     """
-    from raipack.runtime.run import answer
+    from raipack.runtime.run import RunOptions, answer
 
-    out = answer(package, prompt, max_new_tokens, raw, threads, sdk_version)
+    out = answer(package, prompt, RunOptions(**options))
     for note in out.notes:
         click.echo(note, err=True)
     click.echo(out.text)

@@ -92,14 +92,16 @@ class ExportBackend:
 class PackageBackend:
     """A package on the reference runtime (see the module docstring for the NPU)."""
 
-    def __init__(self, folder: Path, why_not_npu: str):
+    def __init__(self, folder: Path, why_not_npu: str, numerics: str = "float"):
+        from raipack.runtime.numerics import HONEST
         from raipack.runtime.reference import ReferenceRuntime
 
-        self.runtime = ReferenceRuntime(folder)
+        self.runtime = ReferenceRuntime(folder, numerics=numerics)
         self.max_length = self.runtime.max_length
         self.max_prompt = self.runtime.max_prompt_length
         self.eos_token_ids = self.runtime.eos_token_ids
-        self.ran_on = f"cpu-reference (raipack's reference runtime; not the NPU: {why_not_npu})"
+        what = "float32 activations" if numerics == "float" else f"{numerics} activations: {HONEST}"
+        self.ran_on = f"cpu-reference (raipack's reference runtime, {what}; not the NPU: {why_not_npu})"
 
     def rows(self, context: list[int], continuation: list[int]) -> np.ndarray:
         rows = [self.runtime.prefill(context).copy()]
@@ -123,8 +125,8 @@ def npu_problem(folder: Path) -> str:
     return f"the NPU could run it ({readiness.library}), but raipack eval does not drive onnxruntime-genai's NPU session yet"
 
 
-def open_backend(target):
-    """The backend for a Target (pipeline/evaluation/targets.py)."""
+def open_backend(target, numerics: str = "float"):
+    """The backend for a Target (pipeline/evaluation/targets.py); `numerics` applies to packages."""
     from raipack.runtime.reference import RuntimeRefusal
     from raipack.runtime.trust import PackageError
 
@@ -133,6 +135,6 @@ def open_backend(target):
             return TorchBackend(target.path, target.kind)
         if target.kind == "export":
             return ExportBackend(target.path)
-        return PackageBackend(target.path, npu_problem(target.path))
+        return PackageBackend(target.path, npu_problem(target.path), numerics)
     except (PackageError, RuntimeRefusal) as exc:
         raise RaipackError(f"{target.path} cannot be run: {exc}", "check it with raipack validate --verify-hashes, and rebuild it") from None

@@ -1,5 +1,7 @@
 """The accuracy chain: the same tasks on every stage a build produced, the drop stage by stage, and
-the build gate (a recipe's `[eval]` table: a drop over `max_drop` fails the build).
+the build gate (a recipe's `[eval]` table: a drop over `max_drop` fails the build). With
+`numerics = "bfp16"` the package is scored a second time under BFP16 activations, a row of its own
+(`fuse (bfp16)`) that the gate holds to `max_drop` like every other.
 
 Stage outputs are found through `<package>.stages/<stage>` links beside the package, then through
 the lineage every raipack manifest records (each stage's inputs and their paths), so a package
@@ -117,6 +119,10 @@ def run_chain(outputs: dict[str, Path], req: Request, lms: dict | None = None) -
             target = detect_target(path)
             res = s.run(target, lm=(lms or {}).get(stage))
             rows.append({"stage": stage, "kind": target.kind, "target": str(path), "ran_on": res["raipack"]["ran_on"], "results": res})
+            if target.kind == "package" and req.numerics != "float":  # the same package under the NPU's numerics: the chain's last link
+                label = f"{stage} ({req.numerics})"
+                res = s.run(target, lm=(lms or {}).get(label), numerics=req.numerics)
+                rows.append({"stage": label, "kind": target.kind, "target": str(path), "ran_on": res["raipack"]["ran_on"], "results": res})
     rows = drops(rows)
     first = rows[0]["results"]
     doc = {k: v for k, v in first.items() if k != "raipack"}  # lm-eval's format, the first stage's run
@@ -127,11 +133,11 @@ def run_chain(outputs: dict[str, Path], req: Request, lms: dict | None = None) -
 
 
 def chain_table(doc: dict) -> str:
-    lines = [f"{'stage':<10} {'kind':<8} {'task':<20} {'metric':<18} {'value':>9} {'drop/source':>12} {'drop/prev':>10}"]
+    lines = [f"{'stage':<14} {'kind':<8} {'task':<20} {'metric':<18} {'value':>9} {'drop/source':>12} {'drop/prev':>10}"]
     for row in doc["raipack"]["chain"]:
         for task, metrics in sorted(row["drop"].items()):
             for key, d in metrics.items():
-                lines.append(f"{row['stage']:<10} {row['kind']:<8} {task:<20} {key.split(',')[0]:<18} {d['value']:>9.4f} {d['vs_source']:>12.4f} {d['vs_previous']:>10.4f}")
+                lines.append(f"{row['stage']:<14} {row['kind']:<8} {task:<20} {key.split(',')[0]:<18} {d['value']:>9.4f} {d['vs_source']:>12.4f} {d['vs_previous']:>10.4f}")
     return "\n".join(lines)
 
 

@@ -1,4 +1,7 @@
-"""`raipack eval TARGET`: lm-eval's simple_evaluate on one target; its results dict plus a "raipack" key."""
+"""`raipack eval TARGET`: lm-eval's simple_evaluate on one target; its results dict plus a "raipack" key.
+
+With `numerics="bfp16"` a package is scored twice, float and BFP16 (pipeline/runtime/numerics.py),
+and the "raipack" key holds both rows side by side with the drop from float to BFP16."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ class Request:
     limit: int | None = None
     num_fewshot: int | None = None
     include_path: Path | None = None
+    numerics: str = "float"  # "bfp16": packages are scored under float and under BFP16
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -43,13 +47,17 @@ def require_lm_eval() -> None:
 
 def check_request(req: Request) -> Request:
     """Absolute paths (lm-eval runs in its own folder) and the task folder checked, before any model loads."""
+    from raipack.runtime.numerics import check_mode, require_quark
+
     require_lm_eval()
+    if check_mode(req.numerics) != "float":
+        require_quark()
     include = Path(req.include_path).resolve() if req.include_path else None
     if include is not None:
         local_tasks.check_folder(include)
     if req.limit is not None and req.limit < 1:
         raise UsageError(f"--limit is {req.limit}; expected a positive number of documents", "drop --limit to run every document")
-    return Request(list(req.tasks), req.limit, req.num_fewshot, include)
+    return Request(list(req.tasks), req.limit, req.num_fewshot, include, req.numerics)
 
 
 class Session:
@@ -59,7 +67,7 @@ class Session:
         self.req, self.log = req, log
         self.manager = local_tasks.task_manager(req.tasks, include_copy)
 
-    def run(self, target: Target, lm=None) -> dict:
+    def run(self, target: Target, lm=None, numerics: str = "float") -> dict:
         from jinja2.exceptions import SecurityError
         from lm_eval import simple_evaluate
 
@@ -70,7 +78,7 @@ class Session:
 
         with local_tasks.quiet(self.log):  # the libraries' progress bars and logs, loading included
             if lm is None:
-                lm = RaipackLM(open_backend(target), load_tokenizer(target.path))
+                lm = RaipackLM(open_backend(target, numerics), load_tokenizer(target.path))
             try:
                 with local_tasks.sandboxed_templates():
                         results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
@@ -86,7 +94,7 @@ class Session:
         if results is None:
             raise RaipackError("lm-eval returned no results", "run again with --limit to check the tasks")
         doc = local_tasks.json_safe(results)
-        doc["raipack"] = {"target": str(target.path), "kind": target.kind, "ran_on": lm.backend.ran_on}
+        doc["raipack"] = {"target": str(target.path), "kind": target.kind, "ran_on": lm.backend.ran_on, "numerics": numerics}
         return doc
 
 
@@ -100,8 +108,40 @@ def session(req: Request):
 def evaluate(path: Path, req: Request) -> dict:
     """lm-eval's results for the target at `path` (its kind detected)."""
     target = detect_target(Path(path).resolve())
+    if req.numerics != "float" and target.kind != "package":
+        article = "an" if target.kind[0] in "aeiou" else "a"
+        raise UsageError(f"--numerics {req.numerics} applies to packages, and {target.path} is {article} {target.kind} folder",
+                         "give the package folder, or drop --numerics")
     with session(req) as s:
-        return s.run(target)
+        if req.numerics == "float":
+            return s.run(target)
+        return side_by_side([s.run(target), s.run(target, numerics=req.numerics)])
+
+
+def side_by_side(docs: list[dict]) -> dict:
+    """One package's float and BFP16 results: the float run in lm-eval's format, and under "raipack"
+    a row per numerics with the drop from float (worse is positive)."""
+    from raipack.evaluation.chain import drops
+    from raipack.runtime.numerics import HONEST
+
+    rows = drops([{"results": d} for d in docs])
+    doc = dict(docs[0])
+    doc["raipack"] = dict(docs[0]["raipack"], numerics=[d["raipack"]["numerics"] for d in docs], note=HONEST,
+                          rows=[{"numerics": d["raipack"]["numerics"], "ran_on": d["raipack"]["ran_on"], "results": d["results"], "drop": r["drop"]}
+                                for d, r in zip(docs, rows)])
+    return doc
+
+
+def numerics_table(doc: dict) -> str:
+    """task, metric, the value under each numerics, and the drop from float to the last one."""
+    rows = doc["raipack"]["rows"]
+    names = [r["numerics"] for r in rows]
+    lines = [f"{'task':<24} {'metric':<20} " + " ".join(f"{n:>10}" for n in names) + f" {'drop':>10}"]
+    for task, metrics in sorted(rows[-1]["drop"].items()):
+        for key, d in metrics.items():
+            values = [r["drop"].get(task, {}).get(key, {}).get("value") for r in rows]
+            lines.append(f"{task:<24} {key.split(',')[0]:<20} " + " ".join(f"{v:>10.4f}" if v is not None else f"{'':>10}" for v in values) + f" {d['vs_source']:>10.4f}")
+    return "\n".join(lines + [f"note: {doc['raipack']['note']}"])
 
 
 def table(doc: dict) -> str:

@@ -58,7 +58,8 @@ def by_file(findings: list[dict]) -> list[dict]:
 
 
 def quality_chain(stages: list[dict]) -> list[dict]:
-    """Perplexity source → quantized (quantize stage), Quark → export (export stage), tokens of the package (smoke)."""
+    """Perplexity source → quantized (quantize stage), Quark → export (export stage), the package under float and,
+    when the smoke stage measured it, under BFP16 activations (smoke)."""
     rows = []
     for s in stages:
         q = (s.get("report") or {}).get("quality")
@@ -72,8 +73,11 @@ def quality_chain(stages: list[dict]) -> list[dict]:
             rows.append({"stage": s["name"], "model": "export", "ppl": q.get("ppl_exported"), "vs": _ratio(q.get("ppl_ratio")),
                          "answer": "greedy tokens identical" if q.get("greedy_identical") else "greedy tokens differ"})
         elif "tokens_match_export" in q:
-            rows.append({"stage": s["name"], "model": f"package ({q.get('device', '?')})", "ppl": None,
+            rows.append({"stage": s["name"], "model": f"package ({q.get('device', '?')}, float)", "ppl": q.get("ppl_package"),
                          "vs": "tokens equal the export's" if q.get("tokens_match_export") else "tokens differ from the export's", "answer": q.get("answer")})
+            if "ppl_package_bfp16" in q:
+                rows.append({"stage": s["name"], "model": f"package ({q.get('device', '?')}, BFP16 activations)", "ppl": q.get("ppl_package_bfp16"),
+                             "vs": _vs_float(q.get("ppl_package_bfp16"), q.get("ppl_package")), "answer": q.get("answer_bfp16"), "note": q.get("numerics_note")})
     return rows
 
 
@@ -82,7 +86,9 @@ def eval_tables(doc: dict | None) -> dict | None:
     if not doc:
         return None
     meta = doc.get("raipack") if isinstance(doc.get("raipack"), dict) else {}
-    links = meta.get("chain") or [{"stage": meta.get("kind") or meta.get("target") or "", "results": doc.get("results") or {}}]
+    by_numerics = [{"stage": f"{meta.get('kind') or 'package'} ({r['numerics']})", "ran_on": r.get("ran_on"), "results": r["results"], "drop": r.get("drop")}
+                   for r in meta.get("rows") or []]
+    links = meta.get("chain") or by_numerics or [{"stage": meta.get("kind") or meta.get("target") or "", "results": doc.get("results") or {}}]
     rows = []
     for link in links:
         for task, metrics in sorted(link.get("results", {}).items()):
@@ -93,7 +99,7 @@ def eval_tables(doc: dict | None) -> dict | None:
                 stderr = metrics.get(key.replace(metric, f"{metric}_stderr", 1))
                 rows.append({"stage": link.get("stage"), "ran_on": link.get("ran_on") or meta.get("ran_on"), "task": task, "metric": metric, "value": value,
                              "stderr": stderr if isinstance(stderr, (int, float)) else None, "drop": _drop(link.get("drop"), task, key)})
-    return {"rows": rows, "ran_on": meta.get("ran_on"), "chain": "chain" in meta}
+    return {"rows": rows, "ran_on": meta.get("ran_on"), "chain": "chain" in meta, "numerics": bool(by_numerics) and "chain" not in meta}
 
 
 def performance(stages: list[dict], bench: dict | None) -> dict:
@@ -125,6 +131,10 @@ def _drop(drop, task: str, key: str):
         if isinstance(drop, dict):
             drop = drop.get(step)
     return drop if inputs._number(drop) else None
+
+
+def _vs_float(bfp, flt):
+    return f"{bfp / flt - 1:+.2%} vs float" if inputs._number(bfp) and inputs._number(flt) and flt else None
 
 
 def _increase(v):

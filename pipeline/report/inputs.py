@@ -68,17 +68,24 @@ def evaluation(path: Path) -> dict:
     """`raipack eval --output` JSON: lm-eval's results, or raipack's chain of them."""
     doc = read_json(path, "raipack eval JSON (lm-eval's results format)")
     hint = "write it with `raipack eval TARGET --tasks ... --output eval.json`"
-    chain = (doc.get("raipack") or {}).get("chain") if isinstance(doc.get("raipack"), dict) else None
-    if chain is not None:
-        if not isinstance(chain, list):
-            raise _bad(path, "raipack.chain", "a list", hint)
-        for i, link in enumerate(chain):
-            if not isinstance(link, dict) or not isinstance(link.get("stage"), str):
-                raise _bad(path, f"raipack.chain[{i}]", "an object with a stage", hint)
-            _results(path, link.get("results"), f"raipack.chain[{i}].results", hint)
+    meta = doc.get("raipack") if isinstance(doc.get("raipack"), dict) else {}
+    if meta.get("chain") is not None:
+        _links(path, meta["chain"], "chain", "stage", hint)
         return doc
     _results(path, doc.get("results"), "results", hint)
+    if meta.get("rows") is not None:  # raipack eval --numerics bfp16: the package under each numerics
+        _links(path, meta["rows"], "rows", "numerics", hint)
     return doc
+
+
+def _links(path: Path, links, name: str, key: str, hint: str) -> None:
+    """raipack.<name>: a list of objects, each with a string `key` and lm-eval results."""
+    if not isinstance(links, list):
+        raise _bad(path, f"raipack.{name}", "a list", hint)
+    for i, link in enumerate(links):
+        if not isinstance(link, dict) or not isinstance(link.get(key), str):
+            raise _bad(path, f"raipack.{name}[{i}]", f"an object with a {key}", hint)
+        _results(path, link.get("results"), f"raipack.{name}[{i}].results", hint)
 
 
 def _document(path: Path, what: str, fmt: str, key: str, hint: str) -> tuple[dict, list]:

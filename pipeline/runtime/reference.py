@@ -24,6 +24,9 @@
 - A hybrid package (NPU prefill, iGPU decode; its header lists no tiers and it has no plans): every
   call binds the whole KV buffer of `search.max_length` positions, the prompt runs unpadded in calls
   of at most `hybrid_opt_max_seq_length` tokens, then one token per call.
+- Numerics (`numerics="bfp16"`, pipeline/runtime/numerics.py): the fused functions are rewritten
+  in memory at load with Quark's BFP16 quantize-dequantize and bfloat16 rounding where the NPU
+  keeps those formats, and the KV positions each call writes are rounded to bfloat16 after it.
 - Refusals: a prompt longer than `rai_config.max_prompt_length` for the SDK version, or a request
   beyond `search.max_length`, raises `RuntimeRefusal` whose str() is one sentence.
 """
@@ -39,6 +42,7 @@ from raipack.npu.constraints import placed_as_header_says, stored_in
 from raipack.npu.formats import FormatError
 from raipack.npu.genai import ryzenai_options
 from raipack.npu.settings import NpuSettings
+from raipack.runtime import numerics as numerics_mod
 from raipack.runtime.trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
 
 
@@ -54,8 +58,11 @@ class RuntimeRefusal(ValueError):
 class ReferenceRuntime:
     """Loads a reference package and runs greedy generation on the CPU (see the module docstring)."""
 
-    def __init__(self, pkg_dir: str | Path, threads: int | None = None, *, verify: str = "sha256", sdk_version: str | None = None):
+    def __init__(self, pkg_dir: str | Path, threads: int | None = None, *, verify: str = "sha256", sdk_version: str | None = None,
+                 numerics: str = "float"):
         self.pkg = Path(pkg_dir)
+        self.numerics = numerics_mod.check_mode(numerics)
+        self._library = numerics_mod.quark_library(untrusted=(self.pkg,)) if numerics != "float" else None
         self.files = PackageFiles(self.pkg)  # nothing special, nothing outside the package
         manifest = self.files.check_manifest(hashes=verify == "sha256")  # hashes on a thread meanwhile
         self.genai = self.files.json("genai_config.json", "genai_config")
@@ -71,7 +78,7 @@ class ReferenceRuntime:
         # every weights file as manifest.json recorded it, and the rest of the graph's external data in bounds
         self.manifest_checked = manifest.result()
         self._check_external_data(model, graph_path, header.get("weights_file", "model.bin"))
-        self._start_session(graph_path, names, values, threads)
+        self._start_session(graph_path, model, names, values, threads)
         self._allocate()
 
     # ------------------------------------------------------------------ loading steps
@@ -170,7 +177,7 @@ class ReferenceRuntime:
         return {(phase, tier): self._load_plan(phase, tier, header_sha, graph_sha, model_dims, schedule)
                 for phase, tier_list in (("prefill", self.prefill_tiers), ("token", self.token_tiers)) for tier in tier_list}
 
-    def _start_session(self, graph_path: Path, names: list, values: list, threads: int | None) -> None:
+    def _start_session(self, graph_path: Path, model, names: list, values: list, threads: int | None) -> None:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -178,8 +185,15 @@ class ReferenceRuntime:
             so.intra_op_num_threads = int(threads)
             so.inter_op_num_threads = 1
         so.add_external_initializers(names, values)
+        graph: str | bytes = str(graph_path)
+        self.rounding = {}
+        if self._library is not None:  # the rewritten graph, from memory; its other external data still from the package
+            rewritten, self.rounding = numerics_mod.rewrite(model, self.numerics)
+            graph = rewritten.SerializeToString()
+            so.register_custom_ops_library(str(self._library))
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph_path.parent))
         try:
-            self.session = ort.InferenceSession(str(graph_path), so, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's Fail/InvalidGraph/...: the graph does not load
             raise PackageError(f"onnxruntime cannot load {graph_path}: {first_line(err)}", "rebuild the package; validate it with raipack validate") from None
         dec = self.genai["model"]["decoder"]
@@ -320,6 +334,14 @@ class ReferenceRuntime:
                 out.append({"past": past % i, "present": present % i, "offset": (2 * i + k) * self._region * 4, "shape": shape, "bytes": self._region * 4})
         return out
 
+    def _round_kv(self, lo: int, hi: int) -> None:
+        """Under bfp16 numerics, the KV positions [lo, hi) the last call wrote, rounded to bfloat16
+        (the NPU keeps past_key_values/present in bfloat16)."""
+        if self._library is None:
+            return
+        for view, _ in self._kv_values:
+            numerics_mod.round_bfloat16(view[:, :, lo:hi, :])
+
     # ------------------------------------------------------------------ one call
 
     def _call(self, phase: str, tokens, seq: int):
@@ -349,6 +371,7 @@ class ReferenceRuntime:
         self._binding.bind_cpu_input(self.input_ids_name, ids)
         self._binding.bind_cpu_input(self.attention_mask_name, mask)
         self.session.run_with_iobinding(self._binding)
+        self._round_kv(past, end)
         self.filled = past + n
         self.calls.append((phase, tier, window))
         return self._logits[0, 0]
@@ -393,6 +416,7 @@ class ReferenceRuntime:
             self._tok_value_bound = True
         self._binding.bind_cpu_input(self.attention_mask_name, self._ones[:, :end])
         self.session.run_with_iobinding(self._binding)
+        self._round_kv(end - 1, end)
         self.filled = end
         self.calls.append(("token", self._window, self._window))
         return self._logits[0, 0]

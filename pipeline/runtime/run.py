@@ -2,7 +2,7 @@
 
 Exit codes: 0 answered; 1 the package cannot be run (a file missing, corrupt, changed since the
 build or outside the package; the prompt longer than the package takes); 2 usage error (PACKAGE
-is not a folder, the prompt is not UTF-8 text, a bad option).
+is not a folder, the prompt is not UTF-8 text, a bad option, `--numerics bfp16` without amd-quark).
 """
 
 from __future__ import annotations
@@ -35,8 +35,24 @@ class Answer:
     stats: str  # for stderr: the backend, lengths and speed
 
 
-def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: int | None, sdk_version: str | None) -> Answer:
+@dataclass(frozen=True)
+class RunOptions:
+    """How `raipack run` answers: the options beside the package and the prompt."""
+
+    max_new_tokens: int = 64
+    raw: bool = False  # no chat template
+    threads: int | None = None
+    sdk_version: str | None = None  # whose max_prompt_length applies
+    numerics: str = "float"  # or "bfp16"
+
+
+def answer(package: Path, prompt: str, opts: RunOptions) -> Answer:
+    max_new_tokens, raw, threads, sdk_version, numerics = opts.max_new_tokens, opts.raw, opts.threads, opts.sdk_version, opts.numerics
     from raipack.core.env import OFFLINE
+    from raipack.runtime.numerics import HONEST, check_mode, require_quark
+
+    if check_mode(numerics) != "float":
+        require_quark()  # before anything loads: one sentence, exit 2
 
     os.environ.update(OFFLINE)
     if not Path(package).is_dir():
@@ -48,7 +64,7 @@ def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: 
 
     try:
         try:
-            runtime = ReferenceRuntime(package, threads=threads, sdk_version=sdk_version)
+            runtime = ReferenceRuntime(package, threads=threads, sdk_version=sdk_version, numerics=numerics)
         except LOAD_ERRORS as exc:
             raise RaipackError(f"{package} cannot be run: a value in its files is not what the reference runtime expects ({first_line(exc)})",
                                "check it with raipack validate --verify-hashes, and rebuild it") from None
@@ -62,8 +78,10 @@ def answer(package: Path, prompt: str, max_new_tokens: int, raw: bool, threads: 
         raise RaipackError(str(exc), "shorten the prompt, or pass --sdk-version for a release with a larger limit") from None
     notes = [] if runtime.manifest_checked else [
         f"note: {Path(package) / 'manifest.json'} is missing, so the weights files were not checked against the hashes of the build"]
+    if numerics != "float":
+        notes.append(f"note: --numerics {numerics}: {HONEST}")
     tokens = [t for t in out.tokens if t not in runtime.eos_token_ids]
-    stats = f"[cpu-reference] {len(ids)} prompt tokens in {calls_text(runtime.prefill_calls())}, first token {out.ttft * 1000:.0f} ms, {len(out.tokens)} tokens at {out.decode_tps:.1f} tok/s"
+    stats = f"[cpu-reference{', ' + numerics if numerics != 'float' else ''}] {len(ids)} prompt tokens in {calls_text(runtime.prefill_calls())}, first token {out.ttft * 1000:.0f} ms, {len(out.tokens)} tokens at {out.decode_tps:.1f} tok/s"
     return Answer(tok.decode(tokens, skip_special_tokens=True).strip(), notes, stats)
 
 

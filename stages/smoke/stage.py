@@ -1,12 +1,18 @@
 """The `smoke` stage: load the package and answer prompts on the NPU when one
 answers; otherwise say exactly why and run the reference runtime on the CPU,
-marked `cpu-reference` — never reported as an NPU run."""
+marked `cpu-reference` — never reported as an NPU run.
+
+On the CPU it also measures the package's perplexity on the held-out text (the export's window,
+pipeline/runtime/heldout.py); with `numerics = "bfp16"` a second time under the NPU's BFP16
+activations (pipeline/runtime/numerics.py), with the answer to the fixed prompt under BFP16. The
+token-equality checks stay float: they check the fusion, which BFP16 rounding would blur."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from raipack.core.errors import RaipackError
 from raipack.core.stage import Job, Stage
@@ -22,6 +28,8 @@ class SmokeConfig:
     tier_new_tokens: int = 4  # decode steps on each prefill-tier prompt
     max_tier: int = 4096  # longest prefill-tier prompt to run (the CPU reference is slow at 16K)
     threads: int | None = None
+    perplexity: bool = True  # the package's perplexity on the held-out text (cpu-reference only)
+    numerics: Literal["float", "bfp16"] = "float"  # bfp16: perplexity and answer under BFP16 too
 
 
 def tier_prompt(tokenizer, length: int) -> list[int]:
@@ -91,6 +99,8 @@ def run(job: Job) -> dict:
     except RuntimeRefusal as exc:
         report["overlong_prompt_refused"] = True
         report["overlong_prompt_message"] = str(exc)
+    if cfg.perplexity:
+        _perplexities(report, runtime, tok, fixed, cfg, job.progress)
     report["peak_rss_mib"] = round(peak_rss_mib(), 1)
     report["expected_answer"] = job.recipe.expected_answer
     problems = _problems(report, job.recipe.expected_answer)
@@ -98,6 +108,28 @@ def run(job: Job) -> dict:
     if problems:
         raise RaipackError(f"smoke test failed: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), "see the smoke report; rebuild with --force from the failing stage")
     return _summarize(report)
+
+
+def _perplexities(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig, progress) -> None:
+    """The package's held-out perplexity under float and, with numerics bfp16, under BFP16 (and its answer)."""
+    from raipack.runtime.heldout import heldout_ids, package_perplexity
+    from raipack.runtime.numerics import HONEST
+    from raipack.runtime.reference import ReferenceRuntime
+
+    ids = heldout_ids(tok, runtime.max_length - 1)
+    if len(ids) < 2:
+        return
+    report["ppl_window_tokens"] = len(ids)
+    with progress.task("held-out perplexity", 1 + (cfg.numerics != "float")) as advance:
+        report["ppl_package"] = round(package_perplexity(runtime, ids), 4)
+        advance()
+        if cfg.numerics != "float":
+            bfp = ReferenceRuntime(runtime.pkg, threads=cfg.threads, numerics=cfg.numerics)
+            report[f"ppl_package_{cfg.numerics}"] = round(package_perplexity(bfp, ids), 4)
+            got = bfp.generate(fixed, cfg.max_new_tokens, stop_at_eos=True)
+            report[f"answer_{cfg.numerics}"] = tok.decode([t for t in got if t not in bfp.eos_token_ids], skip_special_tokens=True).strip()
+            report["numerics_note"] = HONEST
+            advance()
 
 
 def _problems(r: dict, expected: str | None) -> list[str]:
@@ -117,6 +149,7 @@ def _problems(r: dict, expected: str | None) -> list[str]:
 def _summarize(report: dict) -> dict:
     report["summary"] = f"{report['device']}: {report.get('answer', '')[:60]!r}" + (f", {report['decode_tokens_per_s']} tok/s" if "decode_tokens_per_s" in report else "")
     report["quality"] = {"device": report["device"], "answer": report.get("answer", ""), "tokens_match_export": report.get("tokens_match_export")}
+    report["quality"].update({k: report[k] for k in ("ppl_package", "ppl_package_bfp16", "answer_bfp16", "ppl_window_tokens", "numerics_note") if k in report})
     return report
 
 
@@ -128,7 +161,7 @@ def run_and_record(job: Job) -> dict:
 
 STAGE = Stage(
     name="smoke",
-    version="1",
+    version="2",
     config=SmokeConfig,
     inputs=("fuse", "export"),
     output_profile=lambda job: None,

@@ -90,17 +90,20 @@ def fake_plan(**kw) -> Plan:
     return Plan(Path("pkg"), [256], 8, 3, 0, [("reference", Path("pkg")), ("oga", Path("oga"))], prompt_source={256: "prompts.txt"}, **kw)
 
 
+def fake_runner(timings: dict, key: str, jobs: list):
+    """A child that reports `timings[job[key]]` (TTFT runs, tok/s runs, peak MB) for a 256-token prompt."""
+    def runner(job, env):
+        jobs.append(job)
+        ttft, tps, peak = timings[job[key]]
+        return {"ran_on": f"{job['backend']} here", "rows": [{"prompt_tokens": 256, "ttft_s": ttft, "tokens_per_s": tps, "gen_tokens": 8,
+                                                            "peak_rss_mb": peak, "peak_rss_scope": "length"}]}
+    return runner
+
+
 def test_median_min_max_and_ratios_on_fake_timings():
     timings = {"reference": ([0.3, 0.1, 0.2], [10.0, 30.0, 20.0], 500.0), "oga": ([0.05, 0.15, 0.1], [40.0, 50.0, 60.0], 250.0)}
     jobs = []
-
-    def runner(job, env):
-        jobs.append(job)
-        ttft, tps, peak = timings[job["backend"]]
-        return {"ran_on": job["backend"] + " here", "rows": [{"prompt_tokens": 256, "ttft_s": ttft, "tokens_per_s": tps, "gen_tokens": 8,
-                                                               "peak_rss_mb": peak, "peak_rss_scope": "length"}]}
-
-    doc = bench(fake_plan(), runner=runner)
+    doc = bench(fake_plan(), runner=fake_runner(timings, "backend", jobs))
     ref, oga = doc["rows"]
     assert ref["ttft_ms"] == {"median": 200.0, "min": 100.0, "max": 300.0}
     assert ref["tokens_per_s"] == {"median": 20.0, "min": 10.0, "max": 30.0}
@@ -203,3 +206,42 @@ def test_prompts_txt_in_built_packages_is_accepted_by_validate(tmp_path):
     shutil.copytree(reference_package("reference-16K"), copy)
     (copy / "prompts.txt").write_text("edited after the build\n")
     assert validate(copy, verify_hashes=True).failed()
+
+
+# ------------------------------------------------------------------ --numerics bfp16 (issue 26)
+
+
+def test_bfp16_rows_get_their_own_ratio_against_float_on_fake_timings():
+    timings = {"float": ([0.1, 0.1, 0.1], [40.0, 40.0, 40.0], 100.0), "bfp16": ([0.3, 0.3, 0.3], [10.0, 10.0, 10.0], 300.0)}
+    jobs = []
+    plan = Plan(Path("pkg"), [256], 8, 3, 0, [("reference", Path("pkg")), ("reference-bfp16", Path("pkg"))], prompt_source={256: "prompts.txt"})
+    doc = bench(plan, runner=fake_runner(timings, "numerics", jobs))
+    assert [(j["backend"], j["numerics"]) for j in jobs] == [("reference", "float"), ("reference", "bfp16")]
+    assert [r["backend"] for r in doc["rows"]] == ["reference", "reference-bfp16"]
+    assert doc["ratios"] == [{"prompt_tokens": 256, "of": "reference-bfp16/reference", "ttft": 3.0, "tokens_per_s": 0.25, "peak_rss": 3.0}]
+    text = as_text(doc)
+    assert "reference-bfp16 TTFT ms" in text and "reference-bfp16 tok/s" in text
+    assert "× = reference-bfp16/reference, the ratio of the medians" in text
+
+
+def test_bench_numerics_plans_one_reference_row_per_numerics_and_refuses_other_names():
+    pytest.importorskip("quark", reason="--numerics bfp16 needs amd-quark (raipack's build extra)")
+    from raipack.benchmark import parse_numerics
+
+    pkg = reference_package("reference-4K")
+    plan = make_plan(pkg, [32], Runs(4, 1, 0), "reference", numerics=parse_numerics("float,bfp16"))
+    assert [b for b, _ in plan.backends] == ["reference", "reference-bfp16"]
+    with pytest.raises(UsageError, match="--numerics is 'fp8'; expected one of float, bfp16"):
+        parse_numerics("float,fp8")
+
+
+def test_bench_bfp16_row_runs_for_real(capsys):
+    pytest.importorskip("quark", reason="--numerics bfp16 needs amd-quark (raipack's build extra)")
+    code, out, err = cli(["bench", str(reference_package("reference-4K")), "--backend", "reference", "--numerics", "float,bfp16",
+                          "-l", "32", "-g", "4", "--runs", "1", "--warmup", "0", "--format", "json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    rows = {r["backend"]: r for r in doc["rows"]}
+    assert set(rows) == {"reference", "reference-bfp16"}
+    assert "bfp16 activations, BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in rows["reference-bfp16"]["ran_on"]
+    assert rows["reference-bfp16"]["tokens_per_s"]["median"] > 0 and doc["ratios"][0]["of"] == "reference-bfp16/reference"

@@ -298,7 +298,7 @@ def test_gate_refuses_a_build_whose_drop_is_over_max_drop(gated_env, tasks, monk
     from raipack.evaluation import backends
 
     real_open = backends.open_backend
-    monkeypatch.setattr(backends, "open_backend", lambda t: _Wrong(real_open(t)) if t.kind == "package" else real_open(t))
+    monkeypatch.setattr(backends, "open_backend", lambda t, numerics="float": _Wrong(real_open(t)) if t.kind == "package" else real_open(t))
     recipe = load(None, {"output": "build", "profile": "1.8.0-npu-4K", "eval": {"tasks": ["tiny_mc"], "include_path": str(tasks), "max_drop": 0.05}})
     with pytest.raises(RaipackError) as err:
         build(recipe)
@@ -332,3 +332,55 @@ def test_a_recipe_naming_an_unknown_task_is_refused_before_any_stage_runs(gated_
     with pytest.raises(UsageError, match="task 'nope' is not in lm-eval's registry or the task folder"):
         build(load(None, {"output": "build", "eval": {"tasks": ["nope"], "include_path": str(tasks)}}))
     assert not (gated_env / "cache").exists() or not any((gated_env / "cache").rglob("manifest.json"))
+
+
+# ------------------------------------------------------------------ --numerics bfp16 (issue 26)
+
+
+def test_eval_bfp16_reports_the_float_and_bfp16_rows_side_by_side(runs, build_parts, tasks, tmp_path):
+    pytest.importorskip("quark", reason="--numerics bfp16 needs amd-quark (raipack's build extra)")
+    _, package_float, _ = runs
+    out = tmp_path / "eval.json"
+    res = cli(build_parts[1], "--tasks", "tiny_mc,tiny_roll", "--include-path", tasks, "--numerics", "bfp16", "-o", out)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(out.read_text())
+    rows = doc["raipack"]["rows"]
+    assert [r["numerics"] for r in rows] == ["float", "bfp16"]
+    assert "bfp16 activations: BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in rows[1]["ran_on"]
+    ppl = "word_perplexity,none"
+    assert rows[0]["results"]["tiny_roll"][ppl] == pytest.approx(package_float["results"]["tiny_roll"][ppl], rel=1e-6)  # the float row is the plain run
+    assert rows[1]["results"]["tiny_roll"][ppl] != rows[0]["results"]["tiny_roll"][ppl]  # BFP16 changes the scores
+    drop = rows[1]["drop"]["tiny_roll"][ppl]
+    assert drop["vs_source"] == pytest.approx(rows[1]["results"]["tiny_roll"][ppl] - rows[0]["results"]["tiny_roll"][ppl], abs=1e-5)
+    lines = res.output.splitlines()
+    assert lines[0].split() == ["task", "metric", "float", "bfp16", "drop"]
+    assert any(line.split()[:2] == ["tiny_roll", "word_perplexity"] for line in lines)
+    assert "note: BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in res.output
+    assert any(line.startswith("ran on (bfp16): cpu-reference") for line in lines)
+
+
+def test_eval_bfp16_on_an_export_is_one_sentence_exit_2(build_parts, tasks):
+    res = cli(build_parts[0], "--tasks", "tiny_mc", "--include-path", tasks, "--numerics", "bfp16")
+    assert res.exit_code == 2 and res.stderr.count("ERROR:") == 1
+    assert "--numerics bfp16 applies to packages" in res.stderr and "export folder" in res.stderr
+
+
+def test_gate_holds_the_bfp16_row_to_max_drop(gated_env, tasks, monkeypatch):
+    """A package whose float scores are perfect but whose BFP16 run answers wrong: the bfp16 row fails the gate."""
+    pytest.importorskip("quark", reason="numerics = bfp16 needs amd-quark (raipack's build extra)")
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
+    from raipack.evaluation import backends
+
+    real_open = backends.open_backend
+    monkeypatch.setattr(backends, "open_backend", lambda t, numerics="float": _Wrong(real_open(t, numerics)) if numerics == "bfp16" else real_open(t, numerics))
+    recipe = load(None, {"output": "build", "profile": "1.8.0-npu-4K",
+                         "eval": {"tasks": ["tiny_mc"], "include_path": str(tasks), "max_drop": 0.05, "numerics": "bfp16"}})
+    with pytest.raises(RaipackError) as err:
+        build(recipe)
+    assert str(err.value) == "accuracy gate: tiny_mc acc drops by 1.0000 from the source to the fuse (bfp16) stage, over max_drop 0.05"
+    out = gated_env / "build"
+    assert not (out / "SmolLM2-135M-Instruct_rai_1.8.0_npu_4K").exists()  # no package that looks finished
+    kept = json.loads((out / "SmolLM2-135M-Instruct_rai_1.8.0_npu_4K.stages" / "eval.json").read_text())
+    assert [r["stage"] for r in kept["raipack"]["chain"]] == ["source", "quantize", "export", "fuse", "fuse (bfp16)"]
+    assert kept["raipack"]["chain"][3]["drop"]["tiny_mc"]["acc,none"]["vs_source"] <= 0.05  # the float package passed

@@ -28,7 +28,8 @@ REPORTS = {  # what the real stages record, in their shapes (see a real build's 
     "export": {"quality": {"ppl_quark": 35.53, "ppl_exported": 35.53, "ppl_ratio": 1.0, "greedy_identical": True}},
     "smoke": {"device": "cpu-reference", "ttft_s": {"1": 0.09, "125": 0.33, "253": 0.56, "509": 1.2}, "decode_tokens_per_s": 39.9,
               "tiers": [{"tier": 128, "prompt_tokens": 125, "ttft_s": 0.33, "tokens_match_export": True}],
-              "quality": {"device": "cpu-reference", "answer": "Paris", "tokens_match_export": True}},
+              "quality": {"device": "cpu-reference", "answer": "Paris", "tokens_match_export": True, "ppl_package": 35.53, "ppl_package_bfp16": 36.24,
+                          "answer_bfp16": "Paris.", "numerics_note": "BFP16 as Quark defines it; the NPU's exact arithmetic is not published"}},
 }
 BENCH = {"format": "raipack-bench", "format_version": 1, "package": "p", "date": "2026-12-02", "machine": {"cores": 2, "cpu": "test cpu"},
          "rows": [{"backend": b, "ran_on": "cpu", "prompt_tokens": n, "gen_tokens": 16, "runs": 3, "peak_rss_mb": 300.0,
@@ -145,7 +146,11 @@ def test_report_opens_in_a_real_browser(built, tmp_path):
     assert len(svgs) == 3  # stage bars, TTFT and tokens/s from bench.json
     assert [r.findtext("td") for r in doc.findall(".//table[@id='bench-table']/tbody/tr")][:1] == ["reference"]
     assert [[c.text for c in r.findall("td")][-1] for r in doc.findall(".//table[@id='eval-table']/tbody/tr")] == ["0.0000", "0.1000"]  # drop vs source
-    assert len(doc.findall(".//table[@id='quality-table']/tbody/tr")) == 5
+    quality = [[c.text for c in r.findall("td")] for r in doc.findall(".//table[@id='quality-table']/tbody/tr")]
+    assert len(quality) == 6
+    assert quality[-2][1:4] == ["package (cpu-reference, float)", "35.5300", "tokens equal the export's"]
+    assert quality[-1][1:] == ["package (cpu-reference, BFP16 activations)", "36.2400", "+2.00% vs float", "Paris."]  # the chain's last link
+    assert "BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in doc.find(".//p[@id='numerics-note']").text
     groups = {h.text: h for h in doc.findall(".//section[@id='findings']/h3")}
     assert "helper.py" in groups and "hint:" in "".join(doc.find(".//section[@id='findings']").itertext())
     assert not doc.findall(".//script") and not doc.findall(".//img")  # the planted markup stayed text
@@ -181,3 +186,20 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(built, tmp_path, m
 
     listed = {f["path"]: f["sha256"] for f in manifest.read(pkg)["files"]}["report.html"]
     assert hashlib.sha256((pkg / "report.html").read_bytes()).hexdigest() == listed
+
+
+def test_eval_json_of_numerics_rows_becomes_a_float_and_a_bfp16_row(tmp_path):
+    """raipack eval PACKAGE --numerics bfp16 writes raipack.rows; the page shows one row per numerics, dropped vs float."""
+    from raipack.report import inputs
+    from raipack.report.collect import eval_tables
+
+    rows = [{"numerics": n, "ran_on": f"cpu-reference {n}", "results": {"prose": {"word_perplexity,none": v}},
+             "drop": {"prose": {"word_perplexity,none": {"value": v, "vs_source": d, "vs_previous": d}}}} for n, v, d in (("float", 20.0, 0.0), ("bfp16", 20.5, 0.5))]
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"results": rows[0]["results"], "raipack": {"kind": "package", "numerics": ["float", "bfp16"], "rows": rows}}))
+    table = eval_tables(inputs.evaluation(path))
+    assert table["numerics"] and not table["chain"]
+    assert [(r["stage"], r["value"], r["drop"]) for r in table["rows"]] == [("package (float)", 20.0, 0.0), ("package (bfp16)", 20.5, 0.5)]
+    path.write_text(json.dumps({"results": rows[0]["results"], "raipack": {"rows": [{"numerics": 1}]}}))
+    with pytest.raises(Exception, match=r"raipack.rows\[0\]"):
+        inputs.evaluation(path)

@@ -1,0 +1,27 @@
+"""A package's perplexity on raipack's held-out text, the way the NPU runtime would run it.
+
+The fused graph returns the last position's logits only, so the first token is one prefill and each
+further position one token step; the window is the export stage's (its first `MAX_TOKENS` tokens),
+so the number sits next to the export's `ppl_exported` in the build report."""
+
+from __future__ import annotations
+
+from raipack.runtime.ortloop import perplexity
+
+MAX_TOKENS = 512  # stages/export/parity.py's max_heldout_tokens
+
+
+def heldout_ids(tokenizer, limit: int) -> list[int]:
+    """The held-out text's first token ids, at most MAX_TOKENS and `limit`."""
+    from raipack.data import heldout_text
+
+    return list(tokenizer(heldout_text())["input_ids"])[: min(MAX_TOKENS, limit)]
+
+
+def package_perplexity(runtime, ids: list[int]) -> float:
+    """exp(mean NLL) of ids[1:] under the rows the runtime gives: prefill(ids[:1]), then one step per id."""
+    import numpy as np
+
+    rows = [runtime.prefill(ids[:1]).copy()]
+    rows += [runtime.step(int(t)).copy() for t in ids[1:-1]]
+    return perplexity(np.stack(rows + [rows[-1]]), ids)  # perplexity() drops the last row

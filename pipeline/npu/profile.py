@@ -10,6 +10,7 @@ from importlib import resources
 
 from raipack.core.errors import UsageError
 from raipack.core.package import Package
+from raipack.npu import catalog
 from raipack.npu.genai import ryzenai_options
 
 PROFILE_PACKAGE = "raipack.profiles"
@@ -23,14 +24,25 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def raw_profiles() -> dict[str, dict]:
-    """The profile files as written (a derived profile holds only what differs from its base)."""
+def file_profiles() -> dict[str, dict]:
+    """The profile files as written: raipack's intermediate and package-kind profiles."""
     out = {}
     for entry in sorted(resources.files(PROFILE_PACKAGE).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             data = json.loads(entry.read_text("utf-8"))
             out[data["id"]] = data
     return out
+
+
+def raw_profiles() -> dict[str, dict]:
+    """Every profile before `extends` is resolved: the files, and the release profiles the
+    release catalog builds from its variant templates (raipack.npu.catalog)."""
+    out = file_profiles()
+    for pid, doc in catalog.release_profiles().items():
+        if pid in out:
+            raise RuntimeError(f"profile {pid} is both a file of raipack/profiles and a release of the catalog")
+        out[pid] = doc
+    return dict(sorted(out.items()))
 
 
 @lru_cache(maxsize=None)

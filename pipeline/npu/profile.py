@@ -92,6 +92,8 @@ def get(profile_id: str) -> dict:
 class Detection:
     profile: dict
     reason: str
+    candidates: tuple[str, ...] = ()  # every profile the content fits, where it fits several
+    unknown_release: str | None = None  # a release the folder names that the catalog does not hold
 
 
 _MISSING = object()
@@ -167,25 +169,86 @@ def _by_reference_header(pkg: Package) -> Detection | None:
 
 
 def detect(pkg: Package) -> Detection | None:
-    """The profile whose name pattern or content markers fit the package best.
+    """The profile a package follows, and why.
 
-    A raipack manifest wins over the folder name (raipack names its packages
-    like AMD's); then the folder name; then the profile with the most content
-    markers that all hold.
+    A raipack manifest wins (raipack names its packages like AMD's). Then a folder name that
+    states a release (`_rai_1.8.0_npu_16K`): a catalogued release is that release's profile; a
+    release newer than the catalog is checked against the newest catalogued release of the same
+    variant, said so. Then the content markers: where they fit several releases, the newest is
+    taken and all are named. A name that states no release (`*-onnx-ryzenai-npu`, kept by AMD
+    across releases) decides only where the content does not.
     """
     raipack = built_by_raipack(pkg)
     if raipack is not None:
         return raipack
-    profiles = all_profiles()
-    best, best_score, best_why = None, 0, []
-    for prof in profiles.values():
+    fits = content_fits(pkg)
+    named = catalog.release_in_name(pkg.name)
+    if named is not None:
+        found = _by_named_release(pkg.name, named, fits)
+        if found is not None:
+            return found
+    by_pattern = next(((prof, pattern) for prof in all_profiles().values() for pattern in prof["detect"]["name_patterns"]
+                       if fnmatch.fnmatchcase(pkg.name, pattern)), None)
+    if by_pattern is not None and (not fits or by_pattern[0] in fits):
+        prof, pattern = by_pattern
+        return Detection(prof, f"the folder name {pkg.name!r} matches {pattern!r}")
+    if not fits:
+        return None
+    found = _newest_of(fits)
+    if by_pattern is not None:
+        found.reason = (f"the folder name {pkg.name!r} fits {by_pattern[0]['id']} ({by_pattern[1]!r}), a name AMD keeps across "
+                        f"releases, but the content does not: {found.reason}")
+    return found
+
+
+def content_fits(pkg: Package) -> list[dict]:
+    """The AMD release profiles whose content markers all hold, with the most markers."""
+    fits, best = [], 0
+    for prof in all_profiles().values():
         conds = prof["detect"]["content"]
-        if prof["target"] != "reference" and conds and len(conds) > best_score and all(condition_holds(pkg, c) for c in conds):
-            best, best_score, best_why = prof, len(conds), [c.get("why", "marker holds") for c in conds]
-    for prof in profiles.values():
-        for pattern in prof["detect"]["name_patterns"]:
-            if fnmatch.fnmatchcase(pkg.name, pattern):
-                return Detection(prof, f"the folder name {pkg.name!r} matches {pattern!r}")
-    if best is not None:
-        return Detection(best, "; ".join(best_why))
-    return None
+        if prof["target"] == "reference" or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):
+            continue
+        fits, best = (fits if len(conds) == best else []) + [prof], len(conds)
+    return fits
+
+
+def _why(prof: dict) -> str:
+    return "; ".join(c.get("why", "marker holds") for c in prof["detect"]["content"])
+
+
+def _newest_of(fits: list[dict], said: str = "") -> Detection:
+    fits = sorted(fits, key=lambda p: catalog.version_key(p["release"]))
+    best = fits[-1]
+    if len(fits) == 1:
+        return Detection(best, said + _why(best), (best["id"],))
+    ids = ", ".join(p["id"] for p in fits)
+    return Detection(best, f"{said}{_why(best)}: the content fits {ids}; checked against the newest, {best['id']} "
+                           f"(--profile chooses another)", tuple(p["id"] for p in fits))
+
+
+def _by_named_release(name: str, named: tuple[str, str | None], fits: list[dict]) -> Detection | None:
+    release, variant = named
+    entry = catalog.entry(release)
+    profiles = all_profiles()
+    if entry is not None:
+        ids = [catalog.profile_id(entry, v) for v in (entry.get("variants") or {})]
+        if variant is not None and catalog.profile_id(entry, variant) in profiles:
+            return Detection(profiles[catalog.profile_id(entry, variant)], f"the folder name {name!r} names Ryzen AI {release}, variant {variant}")
+        mine = [p for p in fits if p["id"] in ids]
+        if mine:
+            return _newest_of(mine, f"the folder name {name!r} names Ryzen AI {release} and the content decides the variant: ")
+        return None
+    newest = catalog.newest()
+    if catalog.version_key(release) <= catalog.version_key(newest):
+        return None  # an older release raipack has no entry for: the content decides, RP109 names the release
+    same = [p for p in profiles.values() if p["target"] != "reference" and p.get("release") and catalog.variant_of(p) == variant] if variant else fits
+    if not same:
+        return None
+    newest_same = max(catalog.version_key(p["release"]) for p in same)
+    same = [p for p in same if catalog.version_key(p["release"]) == newest_same]
+    known = f"the folder name {name!r} names Ryzen AI {release}, newer than raipack's release catalog (newest {newest}): checked against "
+    if len(same) == 1:
+        return Detection(same[0], f"{known}{same[0]['id']}, the newest known release of variant {catalog.variant_of(same[0])}", (same[0]["id"],), release)
+    found = _newest_of([p for p in same if p in fits] or same, known)
+    found.unknown_release = release
+    return found

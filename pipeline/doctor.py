@@ -145,7 +145,7 @@ def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
     findings, _ = run_checks(ctx)
     info = {"path": str(ctx.pkg.root), "profile": profile["id"], "profile_reason": reason, "release": release,
             "target": profile.get("target"), "needs": {k: needs[k] for k in ("onnxruntime_genai", "onnxruntime", "confidence", "source")} if needs else None}
-    problems = _kind_problems(profile, release) + _release_problems(release, needs, env)
+    problems = _kind_problems(profile, release) + _release_problems(release, needs, env) + device_problems(release, env["npu"])
     problems += [Problem(f.check_id, "error", f"{f.path or '.'}: {f.message}", f.hint) for f in findings if f.severity == "error"]
     problems += [Problem("DR105", "warning", f.message, f.hint) for f in findings if f.check_id == "RP006"]
     problems += _config_problems(ctx, release, env)
@@ -175,6 +175,32 @@ def _release_problems(release: str, needs: dict | None, env: dict) -> list[Probl
         return [Problem("DR101", "error", f"the package is for Ryzen AI {release} but the installed runtime is Ryzen AI {here['release']}'s",
                         f"install Ryzen AI {release}, or use the package built for {here['release']} (a mismatch fails with `invalid unordered_map<K, T> key`)")]
     return []
+
+
+WINDOWS_DRIVER = re.compile(r"\d+(?:\.\d+){3}")  # 32.0.203.280, and the newer 32.0.20101.3760 (lemonade #3492)
+
+
+def device_problems(release: str, npu: dict) -> list[Problem]:
+    """The NPU here (its PCI device id and driver version) against what the release catalog says the
+    package's release supports: the devices its LLM packages run on and its least NPU driver."""
+    entry = machine.release_entry(release) if release != "n/a" else None
+    if entry is None or not npu.get("present"):
+        return []
+    out = []
+    devices = machine.releases()["devices"]
+    device, llm = npu.get("device"), entry.get("llm_devices") or {}
+    if device and llm and device not in llm["ids"]:
+        known = devices.get(device)
+        what = f"{device} ({known['npu']}, {known['apu']})" if known else f"{device}, a device the release catalog does not list"
+        runs_on = ", ".join(f"{d} ({devices[d]['npu']}, {devices[d]['apu']})" if d in devices else d for d in llm["ids"])
+        out.append(Problem("DR107", "error" if known else "warning", f"the NPU here is {what}; Ryzen AI {entry['release']}'s LLM packages run on {runs_on} ({llm['source']})",
+                           "run the package on a machine with a supported NPU, or use a CPU/iGPU model there"))
+    minimum, driver = entry.get("driver_minimum"), npu.get("driver") or ""
+    if minimum and WINDOWS_DRIVER.fullmatch(driver) and version_tuple(driver) < version_tuple(minimum["version"]):
+        out.append(Problem("DR108", "error" if minimum["confidence"] == "documented" else "warning",
+                           f"the NPU driver {driver} is older than {minimum['version']}, Ryzen AI {entry['release']}'s least NPU driver ({minimum['confidence']}: {minimum['source']})",
+                           "update the NPU driver to the one AMD's Ryzen AI installation page lists for this release"))
+    return out
 
 
 def _config_problems(ctx, release: str, env: dict) -> list[Problem]:

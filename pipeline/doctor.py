@@ -148,8 +148,24 @@ def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
     problems = _kind_problems(profile, release) + _release_problems(release, needs, env) + device_problems(release, env["npu"])
     problems += [Problem(f.check_id, "error", f"{f.path or '.'}: {f.message}", f.hint) for f in findings if f.severity == "error"]
     problems += [Problem("DR105", "warning", f.message, f.hint) for f in findings if f.check_id == "RP006"]
-    problems += _config_problems(ctx, release, env)
+    problems += _config_problems(ctx, release, env) + _linux_problems(ctx, release, env)
     return info, problems
+
+
+def _linux_problems(ctx, release: str, env: dict) -> list[Problem]:
+    """On Linux: the edits AMD documents for running the release's (Windows-built) packages here."""
+    from raipack.npu import linux
+
+    if not env["platform"].startswith("linux"):
+        return []
+    stop = linux.refusal(ctx.profile)
+    if stop is not None:
+        return [Problem("DR109", stop[0], stop[1], stop[2])]
+    out = []
+    for edit in linux.pending(ctx.pkg, release):
+        where = "; the value names your install (deployment/ copied into the folder you run from)" if edit.install_path else ""
+        out.append(Problem("DR109", "error", f"{edit.file}: {edit.what} ({edit.why}{where})", f"raipack tune --platform linux {ctx.pkg.root}"))
+    return out
 
 
 def _kind_problems(profile: dict, release: str) -> list[Problem]:
@@ -218,10 +234,17 @@ def _config_problems(ctx, release: str, env: dict) -> list[Problem]:
             out.append(Problem("DR104", "error", f"genai_config.json {pointer} is {value!r}, a path of the machine that built it (absolute or Windows-only)",
                                "name the file relative to the package folder, with forward slashes"))
     library = session.get("custom_ops_library")
-    if isinstance(library, str) and not WINDOWS_PATH.search(library) and not library.startswith("/") and not (ctx.pkg.root / library).is_file():
+    linux_values = {e.get("value") for e in ((_linux_plan(release) or {}).get("package_edits") or [])}
+    if isinstance(library, str) and library not in linux_values and not WINDOWS_PATH.search(library) and not library.startswith("/") and not (ctx.pkg.root / library).is_file():
         out.append(Problem("DR106", "error", f"genai_config.json session_options.custom_ops_library names {library!r}, which is not beside the package",
                            "add the custom-op library of the package's Ryzen AI release, or remove the key if that release needs none"))
     return out
+
+
+def _linux_plan(release: str):
+    from raipack.npu import linux
+
+    return linux.deployment(release)
 
 
 def _paths(doc, pointer: str = ""):

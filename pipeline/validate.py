@@ -60,13 +60,16 @@ def _model_type(pkg: Package) -> str | None:
     return None
 
 
-def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None) -> Result:
+def validate(path: Path, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int | None = None, virtual: dict | None = None,
+             platform: str | None = None) -> Result:
     """Validate a folder; `virtual` maps file names to JSON documents that count
-    as present (the runner checks a staged folder with its future manifest)."""
+    as present (the runner checks a staged folder with its future manifest);
+    `platform` "linux" also holds it to AMD's Linux deployment steps (RP407)."""
     if profile == model_package.PROFILE or (profile == "auto" and model_package.is_model_package(path)):  # each variant with its own profile
         return model_package.validate_package(Path(path), select, ignore, verify_hashes, jobs)
     start = time.perf_counter()
     ctx, reason = open_package(path, profile, verify_hashes, jobs, virtual)
+    ctx.platform = platform
     findings, ran = run_checks(ctx, select, ignore)
     return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
 
@@ -106,12 +109,14 @@ def validate_one(arg: dict) -> Result | RaipackError:
     """One folder of a many-package run, in whatever process runs it: its Result,
     or the user error that stopped it (returned, so one bad folder stops no other)."""
     try:
-        return validate(Path(arg["path"]), arg["profile"], tuple(arg["select"]), tuple(arg["ignore"]), arg["verify_hashes"], arg["threads"])
+        return validate(Path(arg["path"]), arg["profile"], tuple(arg["select"]), tuple(arg["ignore"]), arg["verify_hashes"], arg["threads"],
+                        platform=arg.get("platform"))
     except RaipackError as exc:
         return exc
 
 
-def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int = 1, executor=None) -> list[Result | RaipackError]:
+def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int = 1, executor=None,
+                 platform: str | None = None) -> list[Result | RaipackError]:
     """Validate every package of PATHS (zoos expanded): in this process, in a pool of
     `jobs` worker processes, or as tasks of `executor` (submit/wait/result, e.g. a
     RayExecutor); one outcome per folder, in order."""
@@ -119,7 +124,7 @@ def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hash
     many = len(folders) > 1
     threads = max(1, (os.cpu_count() or 1) // jobs) if many else jobs if jobs > 1 else None
     args = [{"path": str(p), "profile": profile, "select": list(select), "ignore": list(ignore), "verify_hashes": verify_hashes,
-             "threads": 1 if executor is not None else threads} for p in folders]
+             "threads": 1 if executor is not None else threads, "platform": platform} for p in folders]
     if executor is not None:
         handles = [executor.submit(validate_one, arg, {"num_cpus": 1}) for arg in args]
         pending = handles

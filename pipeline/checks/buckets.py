@@ -102,10 +102,19 @@ def bucket_tiers(ctx):
                 yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{top}.state", f"the largest {key} tier is {top}, below the {must_cover} tokens the settings allow", "add a tier that covers the length, or lower the length settings")
 
 
+def _from_root(ctx, folder: str, name: str):
+    """A tensor map that names its file from the package folder (`.cache\\x.const`, a Windows
+    separator; `.cache/x.const` once AMD's Linux step made it a slash, docs/llm_linux.rst)."""
+    rel = name.replace("\\", "/")
+    return ctx.pkg.files.get(rel) if rel.startswith(folder + "/") else None
+
+
 @check("RP603", "cache-meta")
 def cache_meta(ctx):
     """Every `cache/<node>_meta.json` tensor map names files that exist in the
-    same folder with the recorded `file_size`."""
+    same folder with the recorded `file_size` (a name that starts with the folder,
+    `.cache\\x.const` or `.cache/x.const`, is read from the package folder: the form
+    AMD's Linux steps for 1.6 packages edit, docs/llm_linux.rst)."""
     for fe in ctx.pkg.by_role("cache_meta"):
         meta = ctx.pkg.try_json(fe.rel)
         if not isinstance(meta, dict):
@@ -120,7 +129,7 @@ def cache_meta(ctx):
             if not is_inside(name):
                 yield ctx.finding(fe.rel, f"tensor {key} names {name!r}, a path that leaves the package", "name a file in the cache folder", pointer)
                 continue
-            target = ctx.pkg.files.get(f"{folder}/{name}")
+            target = ctx.pkg.files.get(f"{folder}/{name}") or _from_root(ctx, folder, name)
             if target is None:
                 yield ctx.finding(fe.rel, f"tensor {key} names {name}, which is not in {folder}/", "copy the whole cache folder", pointer)
             elif isinstance(entry.get("file_size"), int) and entry["file_size"] != target.size and not target.lfs:

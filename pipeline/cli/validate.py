@@ -30,7 +30,8 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Validate N packages at once in worker processes (default: one at a time); with one package, threads for --verify-hashes (default: every core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
 @click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
-def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
+@click.option("--platform", type=click.Choice(["windows", "linux"]), help="Where the package is to run; linux: also the edits AMD documents for running its release's packages on Linux (RP407).")
+def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs, executor, address, platform):
     """Check model package folders against their profile's schemas and rules.
 
     A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
@@ -41,7 +42,7 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
         raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
     pool = _ray_executor(address) if executor == "ray" else None
     try:
-        outcomes = validate_all(paths, profile, _ids(select), _ids(ignore), verify_hashes, jobs or 1, pool)
+        outcomes = validate_all(paths, profile, _ids(select), _ids(ignore), verify_hashes, jobs or 1, pool, platform)
     finally:
         if pool is not None:
             pool.shutdown()

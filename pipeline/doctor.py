@@ -18,6 +18,7 @@ from pathlib import Path
 from raipack import machine
 from raipack.core.errors import NothingToValidate, UsageError
 from raipack.npu.settings import version_tuple
+from raipack.npu.target import Target, target_of
 
 WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]|\\")  # a drive letter, or any backslash
 PATH_KEYS = ("filename", "external_data_file", "custom_ops_library", "dd_root", "dd_cache", "ep_context_file_path", "config_file", "path")
@@ -169,7 +170,7 @@ def _linux_problems(ctx, release: str, env: dict) -> list[Problem]:
 
 
 def _kind_problems(profile: dict, release: str) -> list[Problem]:
-    if profile.get("target") == "reference":
+    if target_of(profile) is Target.REFERENCE:
         return [Problem("DR100", "error", f"built by raipack's reference backend (profile {profile['id']}): its NPU files are raipack's open formats, which AMD's runtime cannot load",
                         "rebuild with --backend ryzenai-sdk on a machine with AMD's model_generate, or run it on the CPU with `raipack run`")]
     if release == "n/a":

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from raipack.core.errors import UsageError
+from raipack.npu.target import Target, target_of
 
 CATALOG_ENV = "RAIPACK_RELEASES"
 VARIANTS_PACKAGE = "raipack.profiles"
@@ -139,7 +140,7 @@ def release_profiles() -> dict[str, dict]:
             ref = spec.get("reference")
             if ref is not None:
                 rid = ref.get("id", f"reference-{pid}")
-                name = ref.get("template", "reference-hybrid" if out[pid]["target"] == "hybrid" else "reference-npu")
+                name = ref.get("template", "reference-hybrid" if target_of(out[pid]) is Target.HYBRID else "reference-npu")
                 rbody = _fill(_set(tmpl[_template_name({"template": name}, rid)], ref), {"release": rel["release"], "profile": pid, "title": out[pid]["title"]})
                 out[rid] = {"id": rid, "extends": pid, **rbody}
     return out

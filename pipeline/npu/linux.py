@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from raipack.core.package import JSON_MAX_BYTES, Package, ReadError
 from raipack.npu import catalog
+from raipack.npu.target import Target, target_of
 
 _MISSING = object()
 
@@ -92,7 +93,7 @@ def refusal(profile: dict) -> tuple[str, str, str] | None:
     if plan is None:
         return ("warning", f"AMD documents no Linux deployment for Ryzen AI {release} packages; whether this one runs on Linux is unknown",
                 "run it on Windows, or see AMD's docs/llm_linux.rst of its release")
-    if profile.get("target") != "hybrid" or plan.get("hybrid") is True:
+    if target_of(profile) is not Target.HYBRID or plan.get("hybrid") is True:
         return None
     if plan.get("hybrid") is False:
         return ("error", f"is a hybrid package, and Ryzen AI {release} runs no hybrid package on Linux ({plan['source']})",

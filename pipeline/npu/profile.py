@@ -12,6 +12,7 @@ from raipack.core.errors import UsageError
 from raipack.core.package import Package
 from raipack.npu import catalog
 from raipack.npu.genai import ryzenai_options
+from raipack.npu.target import Target, target_of
 
 PROFILE_PACKAGE = "raipack.profiles"
 
@@ -69,13 +70,13 @@ def for_model(profile: dict, model_type: str | None) -> dict:
 
 def reference_for(target: dict) -> dict:
     """raipack's reference profile for an AMD release profile (the one that extends it)."""
-    if target["target"] == "reference":
+    if target_of(target) is Target.REFERENCE:
         return target
     for prof in all_profiles().values():
-        if prof["target"] == "reference" and prof.get("extends") == target["id"]:
+        if target_of(prof) is Target.REFERENCE and prof.get("extends") == target["id"]:
             return prof
     raise UsageError(f"profile {target['id']} has no reference profile, so raipack cannot build it",
-                     "build one of: " + ", ".join(p["extends"] for p in all_profiles().values() if p["target"] == "reference" and p.get("extends")))
+                     "build one of: " + ", ".join(p["extends"] for p in all_profiles().values() if target_of(p) is Target.REFERENCE and p.get("extends")))
 
 
 def get(profile_id: str) -> dict:
@@ -141,7 +142,7 @@ def built_by_raipack(pkg: Package) -> Detection | None:
     best, best_conds = None, []
     for prof in all_profiles().values():
         conds = prof["detect"]["content"]
-        if prof["target"] == "reference" and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
+        if target_of(prof) is Target.REFERENCE and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
             best, best_conds = prof, conds
     if best:
         return Detection(best, "; ".join(c.get("why", "marker holds") for c in best_conds))
@@ -154,7 +155,7 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     from raipack.npu import formats
     from raipack.npu.layout import package_files
 
-    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if p["target"] == "reference"})
+    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if target_of(p) is Target.REFERENCE})
     name = next((h for h in headers if h in pkg.files and formats.is_reference_header(pkg.root / h)), None)
     if name is None:
         return None
@@ -163,7 +164,7 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     except (formats.FormatError, OSError):
         return None
     prof = all_profiles().get(profile_id) if isinstance(profile_id, str) else None
-    if prof is None or prof["target"] != "reference":
+    if prof is None or target_of(prof) is not Target.REFERENCE:
         return None
     return Detection(prof, f"{name} is raipack's reference header, fused for profile {profile_id} (there is no raipack manifest)")
 
@@ -206,7 +207,7 @@ def content_fits(pkg: Package) -> list[dict]:
     fits, best = [], 0
     for prof in all_profiles().values():
         conds = prof["detect"]["content"]
-        if prof["target"] == "reference" or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):
+        if target_of(prof) is Target.REFERENCE or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):
             continue
         fits, best = (fits if len(conds) == best else []) + [prof], len(conds)
     return fits
@@ -241,7 +242,7 @@ def _by_named_release(name: str, named: tuple[str, str | None], fits: list[dict]
     newest = catalog.newest()
     if catalog.version_key(release) <= catalog.version_key(newest):
         return None  # an older release raipack has no entry for: the content decides, RP109 names the release
-    same = [p for p in profiles.values() if p["target"] != "reference" and p.get("release") and catalog.variant_of(p) == variant] if variant else fits
+    same = [p for p in profiles.values() if target_of(p).is_amd and catalog.variant_of(p) == variant] if variant else fits
     if not same:
         return None
     newest_same = max(catalog.version_key(p["release"]) for p in same)

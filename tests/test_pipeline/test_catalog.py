@@ -126,3 +126,13 @@ def test_a_catalog_naming_a_missing_template_is_one_sentence(tmp_path, monkeypat
         monkeypatch.delenv(catalog.CATALOG_ENV)
         catalog.reload()
     assert code == 2 and "no-such-template" in err and "Traceback" not in err
+
+
+def test_the_target_enum_is_the_schemas():
+    from raipack.core import schemas
+    from raipack.npu.target import Target, target_of
+
+    assert [t.value for t in Target] == schemas.load("profile")["properties"]["target"]["enum"]
+    assert all(isinstance(target_of(p), Target) for p in profiles.all_profiles().values())
+    assert {p["id"] for p in profiles.all_profiles().values() if target_of(p).is_amd} == {
+        pid for pid in catalog.release_profiles() if not pid.startswith("reference")}

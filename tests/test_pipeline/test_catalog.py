@@ -136,3 +136,20 @@ def test_the_target_enum_is_the_schemas():
     assert all(isinstance(target_of(p), Target) for p in profiles.all_profiles().values())
     assert {p["id"] for p in profiles.all_profiles().values() if target_of(p).is_amd} == {
         pid for pid in catalog.release_profiles() if not pid.startswith("reference")}
+
+
+def test_one_families_table_feeds_the_input_check_quantize_export_and_fuse():
+    from raipack.npu import families
+    from raipack.stages.export.families import extra_options
+    from raipack.stages.fuse.graph import gemma, patterns
+    from raipack.stages.quantize.preflight import linear_shapes
+
+    table = families.families()
+    tiny = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 320}
+    for model_type in table:
+        shapes = linear_shapes({**tiny, "model_type": model_type})
+        assert shapes is not None and shapes[-1] == ("lm_head", 256, 320), model_type
+    assert linear_shapes({**tiny, "model_type": "granite"}) is None  # not a family raipack builds (the build refuses it)
+    assert extra_options("mistral") == extra_options("gemma3_text") == {"windowed_kv_cache": "false"} and extra_options("llama") == {}
+    assert patterns.family_matchers() == (gemma.match_layer,)
+    assert list(families.supported()) == [f["architecture"] for f in table.values()]

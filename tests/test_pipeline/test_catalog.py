@@ -153,3 +153,23 @@ def test_one_families_table_feeds_the_input_check_quantize_export_and_fuse():
     assert extra_options("mistral") == extra_options("gemma3_text") == {"windowed_kv_cache": "false"} and extra_options("llama") == {}
     assert patterns.family_matchers() == (gemma.match_layer,)
     assert list(families.supported()) == [f["architecture"] for f in table.values()]
+
+
+def test_every_catalog_fact_says_where_it_comes_from():
+    for rel in catalog.releases():
+        for key in ("driver_minimum", "llm_devices", "max_prompt_length", "linux", "model_generate"):
+            fact = rel.get(key)
+            if fact:
+                assert fact["source"] and fact["confidence"] in ("documented", "inferred", "unknown"), (rel["release"], key)
+        if rel.get("linux"):
+            assert all(e["why"] and isinstance(e["install_path"], bool) for e in rel["linux"]["package_edits"])
+
+
+def test_each_variants_sdk_mode_is_one_amd_documents_for_its_release():
+    for rel in catalog.releases():
+        modes = (rel.get("model_generate") or {}).get("modes", [])
+        for variant in rel.get("variants") or {}:
+            sdk = profiles.get(catalog.profile_id(rel, variant)).get("sdk")
+            if sdk and modes:
+                flag = f"--{sdk['mode']}" + (f" --{sdk['recipe']}" if sdk.get("recipe") else "")
+                assert any(m == flag or m.startswith(flag + " ") for m in modes), (rel["release"], variant, flag)

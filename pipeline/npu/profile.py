@@ -196,6 +196,8 @@ def detect(pkg: Package) -> Detection | None:
     if not fits:
         return None
     found = _newest_of(fits)
+    if named is not None and found.profile.get("release") != named[0]:
+        found.reason = f"the folder name {pkg.name!r} names Ryzen AI {named[0]}, but the content fits none of its profiles: {found.reason}"
     if by_pattern is not None:
         found.reason = (f"the folder name {pkg.name!r} fits {by_pattern[0]['id']} ({by_pattern[1]!r}), a name AMD keeps across "
                         f"releases, but the content does not: {found.reason}")

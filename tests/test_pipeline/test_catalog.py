@@ -80,6 +80,12 @@ def test_a_newer_release_with_a_variant_suffix_takes_that_variant(tmp_path):
     assert "the newest known release of variant npu-4K" in found.reason
 
 
+def test_a_named_release_the_content_does_not_fit_is_said(tmp_path):
+    pkg = make_package(tmp_path, "1.6-npu", name="Llama_rai_1.8.0_npu")
+    result = validate(pkg)
+    assert result.profile == "1.6-npu" and "names Ryzen AI 1.8.0, but the content fits none of its profiles" in result.profile_reason
+
+
 def test_content_that_fits_two_releases_names_both_and_takes_the_newest(tmp_path):
     pkg = make_package(tmp_path, "1.8.0-npu-16K", name="my-package")
     result = validate(pkg)

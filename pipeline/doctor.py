@@ -18,6 +18,7 @@ from pathlib import Path
 from raipack import machine
 from raipack.core.errors import NothingToValidate, UsageError
 from raipack.npu.settings import version_tuple
+from raipack.npu.target import Target, target_of
 
 WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]|\\")  # a drive letter, or any backslash
 PATH_KEYS = ("filename", "external_data_file", "custom_ops_library", "dd_root", "dd_cache", "ep_context_file_path", "config_file", "path")
@@ -153,15 +154,31 @@ def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
     findings, _ = run_checks(ctx)
     info = {"path": str(ctx.pkg.root), "profile": profile["id"], "profile_reason": reason, "release": release,
             "target": profile.get("target"), "needs": {k: needs[k] for k in ("onnxruntime_genai", "onnxruntime", "confidence", "source")} if needs else None}
-    problems = _kind_problems(profile, release) + _release_problems(release, needs, env)
+    problems = _kind_problems(profile, release) + _release_problems(release, needs, env) + device_problems(release, env["npu"])
     problems += [Problem(f.check_id, "error", f"{f.path or '.'}: {f.message}", f.hint) for f in findings if f.severity == "error"]
     problems += [Problem("DR105", "warning", f.message, f.hint) for f in findings if f.check_id == "RP006"]
-    problems += _config_problems(ctx, release, env)
+    problems += _config_problems(ctx, release, env) + _linux_problems(ctx, release, env)
     return info, problems
 
 
+def _linux_problems(ctx, release: str, env: dict) -> list[Problem]:
+    """On Linux: the edits AMD documents for running the release's (Windows-built) packages here."""
+    from raipack.npu import linux
+
+    if not env["platform"].startswith("linux"):
+        return []
+    stop = linux.refusal(ctx.profile)
+    if stop is not None:
+        return [Problem("DR110", stop[0], stop[1], stop[2])]
+    out = []
+    for edit in linux.pending(ctx.pkg, release):
+        where = "; the value names your install (deployment/ copied into the folder you run from)" if edit.install_path else ""
+        out.append(Problem("DR110", "error", f"{edit.file}: {edit.what} ({edit.why}{where})", f"raipack tune --platform linux {ctx.pkg.root}"))
+    return out
+
+
 def _kind_problems(profile: dict, release: str) -> list[Problem]:
-    if profile.get("target") == "reference":
+    if target_of(profile) is Target.REFERENCE:
         return [Problem("DR100", "error", f"built by raipack's reference backend (profile {profile['id']}): its NPU files are raipack's open formats, which AMD's runtime cannot load",
                         "rebuild with --backend ryzenai-sdk on a machine with AMD's model_generate, or run it on the CPU with `raipack run`")]
     if release == "n/a":
@@ -185,6 +202,32 @@ def _release_problems(release: str, needs: dict | None, env: dict) -> list[Probl
     return []
 
 
+WINDOWS_DRIVER = re.compile(r"\d+(?:\.\d+){3}")  # 32.0.203.280, and the newer 32.0.20101.3760 (lemonade #3492)
+
+
+def device_problems(release: str, npu: dict) -> list[Problem]:
+    """The NPU here (its PCI device id and driver version) against what the release catalog says the
+    package's release supports: the devices its LLM packages run on and its least NPU driver."""
+    entry = machine.release_entry(release) if release != "n/a" else None
+    if entry is None or not npu.get("present"):
+        return []
+    out = []
+    devices = machine.releases()["devices"]
+    device, llm = npu.get("device"), entry.get("llm_devices") or {}
+    if device and llm and device not in llm["ids"]:
+        known = devices.get(device)
+        what = f"{device} ({known['npu']}, {known['apu']})" if known else f"{device}, a device the release catalog does not list"
+        runs_on = ", ".join(f"{d} ({devices[d]['npu']}, {devices[d]['apu']})" if d in devices else d for d in llm["ids"])
+        out.append(Problem("DR108", "error" if known else "warning", f"the NPU here is {what}; Ryzen AI {entry['release']}'s LLM packages run on {runs_on} ({llm['source']})",
+                           "run the package on a machine with a supported NPU, or use a CPU/iGPU model there"))
+    minimum, driver = entry.get("driver_minimum"), npu.get("driver") or ""
+    if minimum and WINDOWS_DRIVER.fullmatch(driver) and version_tuple(driver) < version_tuple(minimum["version"]):
+        out.append(Problem("DR109", "error" if minimum["confidence"] == "documented" else "warning",
+                           f"the NPU driver {driver} is older than {minimum['version']}, Ryzen AI {entry['release']}'s least NPU driver ({minimum['confidence']}: {minimum['source']})",
+                           "update the NPU driver to the one AMD's Ryzen AI installation page lists for this release"))
+    return out
+
+
 def _config_problems(ctx, release: str, env: dict) -> list[Problem]:
     genai = ctx.genai if isinstance(ctx.genai, dict) else {}
     session = ((genai.get("model") or {}).get("decoder") or {}).get("session_options") if isinstance(genai.get("model"), dict) else None
@@ -200,10 +243,17 @@ def _config_problems(ctx, release: str, env: dict) -> list[Problem]:
             out.append(Problem("DR104", "error", f"genai_config.json {pointer} is {value!r}, a path of the machine that built it (absolute or Windows-only)",
                                "name the file relative to the package folder, with forward slashes"))
     library = session.get("custom_ops_library")
-    if isinstance(library, str) and not WINDOWS_PATH.search(library) and not library.startswith("/") and not (ctx.pkg.root / library).is_file():
+    linux_values = {e.get("value") for e in ((_linux_plan(release) or {}).get("package_edits") or [])}
+    if isinstance(library, str) and library not in linux_values and not WINDOWS_PATH.search(library) and not library.startswith("/") and not (ctx.pkg.root / library).is_file():
         out.append(Problem("DR106", "error", f"genai_config.json session_options.custom_ops_library names {library!r}, which is not beside the package",
                            "add the custom-op library of the package's Ryzen AI release, or remove the key if that release needs none"))
     return out
+
+
+def _linux_plan(release: str):
+    from raipack.npu import linux
+
+    return linux.deployment(release)
 
 
 def _paths(doc, pointer: str = ""):

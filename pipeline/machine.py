@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from raipack.data import load_data
+from raipack.npu import catalog
 from raipack.runtime import probes
 
 
 def releases() -> dict:
-    return load_data("ryzenai_releases.json")
+    """The release catalog (raipack.npu.catalog: the shipped file, or the one RAIPACK_RELEASES names)."""
+    return catalog.load()
 
 
 def installed(kind: str) -> tuple[str, str] | None:

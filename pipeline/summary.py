@@ -8,6 +8,7 @@ from pathlib import Path
 from raipack.checks import run_checks
 from raipack.npu.dims import model_dims
 from raipack.npu.layout import metastate_sets, tiers_present
+from raipack.npu.target import Target, target_of
 from raipack.validate import open_package
 
 
@@ -65,12 +66,12 @@ def _graph_ops(ctx) -> dict:
 
 
 def _runs_on(prof: dict, opts: dict) -> str:
-    if prof["target"] == "intermediate":
+    if target_of(prof) is Target.INTERMEDIATE:
         return "nothing yet: an intermediate build folder, not a deployable package"
     backend = opts.get("hybrid_opt_token_backend")
-    if prof["target"] == "reference":
+    if target_of(prof) is Target.REFERENCE:
         return "raipack's reference runtime on CPU (`raipack run`); the layout of AMD's NPU packages, not loadable by AMD's runtime"
-    if backend == "npu" or prof["target"] == "npu":
+    if backend == "npu" or target_of(prof) is Target.NPU:
         return "prefill and decode on the NPU (RyzenAI provider); CPU for embedding and sampling"
     return "prefill on the NPU, decode on the iGPU (hybrid)"
 

@@ -62,13 +62,15 @@ def _model_type(pkg: Package) -> str | None:
 
 
 def validate(path: Path, profile: str = "auto", *, jobs: int | None = None, virtual: dict | None = None, **selection) -> Result:
-    """Validate a folder; `selection` is Selection's fields (select, ignore, verify_hashes); `virtual` maps
-    file names to JSON documents that count as present (the runner checks a staged folder with its future manifest)."""
+    """Validate a folder; `selection` is Selection's fields (select, ignore, verify_hashes, platform: "linux"
+    also holds it to AMD's Linux deployment steps, RP407); `virtual` maps file names to JSON documents that
+    count as present (the runner checks a staged folder with its future manifest)."""
     chosen = Selection(**selection)
     if profile == model_package.PROFILE or (profile == "auto" and model_package.is_model_package(path)):  # each variant with its own profile
         return model_package.validate_package(Path(path), chosen, jobs)
     start = time.perf_counter()
     ctx, reason = open_package(path, profile, chosen.verify_hashes, jobs, virtual)
+    ctx.platform = chosen.platform
     findings, ran = run_checks(ctx, chosen.select, chosen.ignore)
     return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
 
@@ -109,7 +111,7 @@ def validate_one(arg: dict) -> Result | RaipackError:
     or the user error that stopped it (returned, so one bad folder stops no other)."""
     try:
         return validate(Path(arg["path"]), arg["profile"], jobs=arg["threads"], select=tuple(arg["select"]), ignore=tuple(arg["ignore"]),
-                        verify_hashes=arg["verify_hashes"])
+                        verify_hashes=arg["verify_hashes"], platform=arg.get("platform"))
     except RaipackError as exc:
         return exc
 
@@ -119,12 +121,12 @@ def validate_all(paths, profile: str = "auto", *, jobs: int = 1, executor=None, 
     `jobs` worker processes, or as tasks of `executor` (submit/wait/result, e.g. a
     RayExecutor); one outcome per folder, in order. `selection`: Selection's fields."""
     chosen = Selection(**selection)
-    select, ignore, verify_hashes = chosen.select, chosen.ignore, chosen.verify_hashes
+    select, ignore, verify_hashes, platform = chosen.select, chosen.ignore, chosen.verify_hashes, chosen.platform
     folders = expand(paths)
     many = len(folders) > 1
     threads = max(1, (os.cpu_count() or 1) // jobs) if many else jobs if jobs > 1 else None
     args = [{"path": str(p), "profile": profile, "select": list(select), "ignore": list(ignore), "verify_hashes": verify_hashes,
-             "threads": 1 if executor is not None else threads} for p in folders]
+             "threads": 1 if executor is not None else threads, "platform": platform} for p in folders]
     if executor is not None:
         handles = [executor.submit(validate_one, arg, {"num_cpus": 1}) for arg in args]
         pending = handles

@@ -22,6 +22,7 @@ from raipack.builder.model_files import short as _short
 from raipack.core.errors import UsageError
 from raipack.core.package import JSON_MAX_BYTES, LFS_MAGIC, JsonError, parse_json
 from raipack.data import load_data
+from raipack.npu import families
 
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 FIX_CONFIG = "fix config.json, or use the config.json the model was published with"
@@ -83,11 +84,11 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
 
 def check_architecture(cfg_path: Path, cfg: dict) -> None:
     """Refuse (UsageError, one sentence) a model raipack does not build, from config.json alone:
-    the architecture's name, and why when pipeline/data/architectures.json knows (mixture of
+    the architecture's name (the families of pipeline/data/architectures.json are built), and why when it knows (mixture of
     experts, multimodal, its own Python code), by name or by a config key that gives the kind away.
     --trust-remote-code does not change this: only natively supported architectures are built."""
     data = load_data("architectures.json")
-    supported, kinds = data["supported"], data["kinds"]
+    supported, kinds = families.supported(), data["kinds"]
     archs = cfg.get("architectures")
     name = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     if name in supported:

@@ -47,6 +47,7 @@ class Context:
         self.profile = profile
         self.verify_hashes = verify_hashes
         self.jobs = jobs
+        self.platform: str | None = None  # where the package is to run ("linux": RP407 holds it to AMD's Linux steps)
         self.current: CheckSpec | None = None
 
     def finding(self, path: str, message: str, hint: str = "", pointer: str = "", severity: str | None = None, members: tuple[str, ...] = ()) -> Finding:

@@ -109,7 +109,8 @@ def cache_meta(ctx):
     recorded `file_size`: a name relative to the meta's folder (raipack's
     packages), or, as AMD's Windows-built packages write it, relative to the
     package with the cache folder first and Windows separators
-    (`.cache\\MatMulNBits_2_0_0.const`)."""
+    (`.cache\\MatMulNBits_2_0_0.const`; `.cache/x.const` once AMD's Linux step
+    made it a slash, docs/llm_linux.rst)."""
     for fe in ctx.pkg.by_role("cache_meta"):
         meta = ctx.pkg.try_json(fe.rel)
         if not isinstance(meta, dict):

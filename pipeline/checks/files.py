@@ -7,6 +7,7 @@ import fnmatch
 from raipack.checks.base import check
 from raipack.core.package import SCAN
 from raipack.data import load_data
+from raipack.npu import catalog
 from raipack.npu.layout import is_inside
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
@@ -116,3 +117,23 @@ def required_files(ctx):
     for pattern in spec.get("recommended", []):
         if not present(pattern):
             yield ctx.finding(pattern, f"is missing; profile {prof['id']} packages usually carry it", "add it if the release ships it", severity="warning")
+
+
+@check("RP108", "release-unknown", "warning")
+def release_unknown(ctx):
+    """The folder name states a Ryzen AI release (`<model>_rai_<release>_<variant>`, as AMD names
+    its packages) that raipack's release catalog does not hold. The package is then checked
+    against the profile detection chose (for a newer release, the newest known release of the
+    same variant), whose rules need not be that release's: AMD's release notes say a package of
+    one release does not run on another (1.7.1 → 1.8: "models from 1.7.1 are incompatible"), so
+    a clean result says little. A warning: what fails is unknown, not known."""
+    named = catalog.release_in_name(ctx.pkg.name)
+    if named is None or catalog.entry(named[0]) is not None:
+        return
+    release, newest = named[0], catalog.newest()
+    age = "newer than" if catalog.version_key(release) > catalog.version_key(newest) else "not in"
+    yield ctx.finding(".", f"the folder name {ctx.pkg.name!r} names Ryzen AI {release}, {age} raipack's release catalog "
+                           f"(newest {newest}); checked against profile {ctx.profile['id']} (Ryzen AI {ctx.profile.get('release')}), "
+                           f"whose rules may not be {release}'s",
+                      f"add Ryzen AI {release} to the release catalog (one entry, docs/profiles.md; RAIPACK_RELEASES names your copy), "
+                      "or give --profile")

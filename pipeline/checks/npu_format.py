@@ -23,6 +23,7 @@ from raipack.core.package import JSON_MAX_BYTES, ReadError
 from raipack.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
 from raipack.npu.layout import TIERED, metastate_sets, weights_sibling
 from raipack.npu.settings import expected_tiers, pow2_ceil, pow2_floor, tierless
+from raipack.npu.target import Target, target_of
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
@@ -47,7 +48,7 @@ def _raipack_claim(ctx) -> str | None:
     found = built_by_raipack(ctx.pkg)
     if found is not None:
         return f"manifest.json says raipack built this package for {found.profile.get('extends') or found.profile['id']}"
-    if ctx.profile.get("target") == "reference":
+    if target_of(ctx.profile) is Target.REFERENCE:
         return f"it is checked as raipack's reference profile {ctx.profile['id']}"
     return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from raipack.checks.base import check
+from raipack.npu import linux
 from raipack.npu.genai import known_options as known
 from raipack.npu.genai import provider_names
 from raipack.npu.layout import weights_sibling
@@ -116,3 +117,26 @@ def profile_options(ctx):
     for key, _value, pointer in _ryzen_keys(ctx):
         if key not in names and key not in session_keys:
             yield ctx.finding(GENAI, f"option {key} is not an option the RyzenAI runtime reads", "check the spelling against `raipack checks RP406`", pointer, "warning")
+
+
+@check("RP407", "linux-deployment")
+def linux_deployment(ctx):
+    """With `--platform linux`: the package can run on Linux as AMD documents it for its release
+    (docs/llm_linux.rst of the release branch, the catalog's `linux` block). An error for each
+    documented edit its files lack (1.6 NPU packages: `custom_ops_library` naming the Linux
+    `libonnx_custom_ops.so`, `hybrid_dbg_use_aie_rope` "0", slashes in `.cache/*_meta.json`; AMD:
+    they "have to be updated to make it work for Linux"; `raipack tune --platform linux` makes
+    them) and for a hybrid package where the release says "Linux does not support Hybrid flow"
+    (1.8). A warning where AMD documents no Linux deployment for the release: what it needs there
+    is unknown. Without `--platform linux` the check says nothing."""
+    if ctx.platform != "linux":
+        return
+    stop = linux.refusal(ctx.profile)
+    if stop is not None:
+        severity, message, hint = stop
+        yield ctx.finding(".", message, hint, severity=severity)
+        return
+    release = ctx.profile.get("release")
+    for edit in linux.pending(ctx.pkg, release):
+        where = " (the value names your install: deployment/ copied into the folder you run from)" if edit.install_path else ""
+        yield ctx.finding(edit.file, f"{edit.what}: {edit.why}{where}", "raipack tune --platform linux PACKAGE makes AMD's documented edits", edit.pointer)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from raipack.cli.main import cli
+from raipack.core.errors import UsageError
 from raipack.core.output import use_color
 
 
@@ -19,10 +20,16 @@ from raipack.core.output import use_color
 @click.option("--sdk-version", help="Ryzen AI version the package runs on (default: $RAIPACK_SDK_VERSION, the installed one, else the package's release).")
 @click.option("--profile", default="auto", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
+@click.option("--platform", type=click.Choice(["linux"]), help="Make the file edits AMD documents for running the package's release on Linux (and list the setup they need).")
 def tune(package, dry_run, **settings):
     """Change a package's length settings in genai_config.json, consistently and safely."""
     from raipack.reporters import REPORTERS
     from raipack.tune import apply, plan, revalidate
+
+    if settings["platform"]:
+        if settings["max_length"] or settings["max_prompt"] or settings["chunk_size"]:
+            raise UsageError("--platform linux makes AMD's Linux edits and takes no length option", "run raipack tune twice: once with --platform linux, once with the lengths")
+        _linux(package, settings["profile"], dry_run)
 
     p = plan(package, settings["max_length"], settings["max_prompt"], settings["chunk_size"], settings["sdk_version"], settings["profile"])
     click.echo(f"Ryzen AI {p.sdk[0]} ({p.sdk[1]})")
@@ -40,6 +47,33 @@ def tune(package, dry_run, **settings):
     backup = apply(p)
     click.echo(f"wrote {p.path} (backup: {backup.name})")
     result = revalidate(p)
+    code = 1 if result.failed() else 0
+    click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False)
+    sys.exit(code)
+
+
+def _linux(package, profile, dry_run):
+    from raipack.reporters import REPORTERS
+    from raipack.tune import apply_linux, plan_linux, revalidate_linux
+
+    p = plan_linux(package, profile)
+    click.echo(f"Linux deployment of Ryzen AI {p.release} packages (profile {p.profile}; {p.source})")
+    for edit in p.pending:
+        click.echo(f"  {edit.file}: {edit.what}" + ("  [names your install: deployment/ copied into the folder you run from]" if edit.install_path else ""))
+    if not p.pending:
+        click.echo(f"  no file to edit: {p.root} runs on Linux as it is, or has AMD's edits already")
+    if dry_run:
+        click.echo("dry run: nothing written")
+    else:
+        for rel, backup in apply_linux(p):
+            click.echo(f"wrote {p.root / rel} (backup: {backup.name})")
+    if p.environment:
+        click.echo("then, in the folder you run the program from:")
+        for step in p.environment:
+            click.echo(f"  - {step}")
+    if dry_run:
+        sys.exit(0)
+    result = revalidate_linux(p)
     code = 1 if result.failed() else 0
     click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False)
     sys.exit(code)

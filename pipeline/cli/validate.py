@@ -30,6 +30,7 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Validate N packages at once in worker processes (default: one at a time); with one package, threads for --verify-hashes (default: every core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
 @click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
+@click.option("--platform", type=click.Choice(["windows", "linux"]), help="Where the package is to run; linux: also the edits AMD documents for running its release's packages on Linux (RP407).")
 def validate(paths, fmt, output, strict, strict_advice, **options):
     """Check model package folders against their profile's schemas and rules.
 
@@ -68,7 +69,8 @@ def _validate_all(paths, options: dict):
     pool = _ray_executor(address) if executor == "ray" else None
     try:
         return validate_all(paths, options["profile"], jobs=options["jobs"] or 1, executor=pool,
-                            select=_ids(options["select"]), ignore=_ids(options["ignore"]), verify_hashes=options["verify_hashes"])
+                            select=_ids(options["select"]), ignore=_ids(options["ignore"]), verify_hashes=options["verify_hashes"],
+                            platform=options["platform"])
     finally:
         if pool is not None:
             pool.shutdown()

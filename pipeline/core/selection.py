@@ -11,7 +11,8 @@ class Selection:
     select: tuple[str, ...] = ()  # only these check ids or prefixes (empty: all)
     ignore: tuple[str, ...] = ()  # skip these check ids or prefixes
     verify_hashes: bool = False  # hash every file against manifest.json or its Git LFS oid
+    platform: str | None = None  # "linux": also AMD's Linux deployment steps (RP407)
 
     def as_options(self) -> dict:
         """The keywords pipeline/validate.py: validate takes for this selection."""
-        return {"select": tuple(self.select), "ignore": tuple(self.ignore), "verify_hashes": self.verify_hashes}
+        return {"select": tuple(self.select), "ignore": tuple(self.ignore), "verify_hashes": self.verify_hashes, "platform": self.platform}

@@ -36,7 +36,8 @@ def model_dims(genai, model_config) -> dict[str, dict[str, tuple[int, str, str]]
 
 
 def text_config(model_config) -> dict:
-    """The text model's fields of a config.json: its `text_config` where a wrapper has one, else the
-    document itself ({} for anything that is not an object)."""
+    """The text model's fields of a config.json: its `text_config` where a wrapper keeps the decoder's
+    sizes there (no `hidden_size` of its own), else the document itself ({} for anything that is not
+    an object). The one rule for quantize, export, the checks and the runtime."""
     cfg = model_config if isinstance(model_config, dict) else {}
-    return cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return cfg["text_config"] if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg

@@ -10,7 +10,9 @@ from importlib import resources
 
 from raipack.core.errors import UsageError
 from raipack.core.package import Package
+from raipack.npu import catalog
 from raipack.npu.genai import ryzenai_options
+from raipack.npu.target import Target, target_of
 
 PROFILE_PACKAGE = "raipack.profiles"
 
@@ -23,14 +25,25 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def raw_profiles() -> dict[str, dict]:
-    """The profile files as written (a derived profile holds only what differs from its base)."""
+def file_profiles() -> dict[str, dict]:
+    """The profile files as written: raipack's intermediate and package-kind profiles."""
     out = {}
     for entry in sorted(resources.files(PROFILE_PACKAGE).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             data = json.loads(entry.read_text("utf-8"))
             out[data["id"]] = data
     return out
+
+
+def raw_profiles() -> dict[str, dict]:
+    """Every profile before `extends` is resolved: the files, and the release profiles the
+    release catalog builds from its variant templates (raipack.npu.catalog)."""
+    out = file_profiles()
+    for pid, doc in catalog.release_profiles().items():
+        if pid in out:
+            raise RuntimeError(f"profile {pid} is both a file of raipack/profiles and a release of the catalog")
+        out[pid] = doc
+    return dict(sorted(out.items()))
 
 
 @lru_cache(maxsize=None)
@@ -57,13 +70,13 @@ def for_model(profile: dict, model_type: str | None) -> dict:
 
 def reference_for(target: dict) -> dict:
     """raipack's reference profile for an AMD release profile (the one that extends it)."""
-    if target["target"] == "reference":
+    if target_of(target) is Target.REFERENCE:
         return target
     for prof in all_profiles().values():
-        if prof["target"] == "reference" and prof.get("extends") == target["id"]:
+        if target_of(prof) is Target.REFERENCE and prof.get("extends") == target["id"]:
             return prof
     raise UsageError(f"profile {target['id']} has no reference profile, so raipack cannot build it",
-                     "build one of: " + ", ".join(p["extends"] for p in all_profiles().values() if p["target"] == "reference" and p.get("extends")))
+                     "build one of: " + ", ".join(p["extends"] for p in all_profiles().values() if target_of(p) is Target.REFERENCE and p.get("extends")))
 
 
 def get(profile_id: str) -> dict:
@@ -80,6 +93,8 @@ def get(profile_id: str) -> dict:
 class Detection:
     profile: dict
     reason: str
+    candidates: tuple[str, ...] = ()  # every profile the content fits, where it fits several
+    unknown_release: str | None = None  # a release the folder names that the catalog does not hold
 
 
 _MISSING = object()
@@ -127,7 +142,7 @@ def built_by_raipack(pkg: Package) -> Detection | None:
     best, best_conds = None, []
     for prof in all_profiles().values():
         conds = prof["detect"]["content"]
-        if prof["target"] == "reference" and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
+        if target_of(prof) is Target.REFERENCE and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
             best, best_conds = prof, conds
     if best:
         return Detection(best, "; ".join(c.get("why", "marker holds") for c in best_conds))
@@ -140,7 +155,7 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     from raipack.npu import formats
     from raipack.npu.layout import package_files
 
-    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if p["target"] == "reference"})
+    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if target_of(p) is Target.REFERENCE})
     name = next((h for h in headers if h in pkg.files and formats.is_reference_header(pkg.root / h)), None)
     if name is None:
         return None
@@ -149,31 +164,94 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     except (formats.FormatError, OSError):
         return None
     prof = all_profiles().get(profile_id) if isinstance(profile_id, str) else None
-    if prof is None or prof["target"] != "reference":
+    if prof is None or target_of(prof) is not Target.REFERENCE:
         return None
     return Detection(prof, f"{name} is raipack's reference header, fused for profile {profile_id} (there is no raipack manifest)")
 
 
 def detect(pkg: Package) -> Detection | None:
-    """The profile whose name pattern or content markers fit the package best.
+    """The profile a package follows, and why.
 
-    A raipack manifest wins over the folder name (raipack names its packages
-    like AMD's); then the folder name; then the profile with the most content
-    markers that all hold.
+    A raipack manifest wins (raipack names its packages like AMD's). Then a folder name that
+    states a release (`_rai_1.8.0_npu_16K`): a catalogued release is that release's profile; a
+    release newer than the catalog is checked against the newest catalogued release of the same
+    variant, said so. Then the content markers: where they fit several releases, the newest is
+    taken and all are named. A name that states no release (`*-onnx-ryzenai-npu`, kept by AMD
+    across releases) decides only where the content does not.
     """
     raipack = built_by_raipack(pkg)
     if raipack is not None:
         return raipack
-    profiles = all_profiles()
-    best, best_score, best_why = None, 0, []
-    for prof in profiles.values():
+    fits = content_fits(pkg)
+    named = catalog.release_in_name(pkg.name)
+    if named is not None:
+        found = _by_named_release(pkg.name, named, fits)
+        if found is not None:
+            return found
+    by_pattern = next(((prof, pattern) for prof in all_profiles().values() for pattern in prof["detect"]["name_patterns"]
+                       if fnmatch.fnmatchcase(pkg.name, pattern)), None)
+    if by_pattern is not None and (not fits or by_pattern[0] in fits):
+        prof, pattern = by_pattern
+        return Detection(prof, f"the folder name {pkg.name!r} matches {pattern!r}")
+    if not fits:
+        return None
+    found = _newest_of(fits)
+    if named is not None and found.profile.get("release") != named[0]:
+        found.reason = f"the folder name {pkg.name!r} names Ryzen AI {named[0]}, but the content fits none of its profiles: {found.reason}"
+    if by_pattern is not None:
+        found.reason = (f"the folder name {pkg.name!r} fits {by_pattern[0]['id']} ({by_pattern[1]!r}), a name AMD keeps across "
+                        f"releases, but the content does not: {found.reason}")
+    return found
+
+
+def content_fits(pkg: Package) -> list[dict]:
+    """The AMD release profiles whose content markers all hold, with the most markers."""
+    fits, best = [], 0
+    for prof in all_profiles().values():
         conds = prof["detect"]["content"]
-        if prof["target"] != "reference" and conds and len(conds) > best_score and all(condition_holds(pkg, c) for c in conds):
-            best, best_score, best_why = prof, len(conds), [c.get("why", "marker holds") for c in conds]
-    for prof in profiles.values():
-        for pattern in prof["detect"]["name_patterns"]:
-            if fnmatch.fnmatchcase(pkg.name, pattern):
-                return Detection(prof, f"the folder name {pkg.name!r} matches {pattern!r}")
-    if best is not None:
-        return Detection(best, "; ".join(best_why))
-    return None
+        if target_of(prof) is Target.REFERENCE or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):
+            continue
+        fits, best = (fits if len(conds) == best else []) + [prof], len(conds)
+    return fits
+
+
+def _why(prof: dict) -> str:
+    return "; ".join(c.get("why", "marker holds") for c in prof["detect"]["content"])
+
+
+def _newest_of(fits: list[dict], said: str = "") -> Detection:
+    fits = sorted(fits, key=lambda p: catalog.version_key(p["release"]))
+    best = fits[-1]
+    if len(fits) == 1:
+        return Detection(best, said + _why(best), (best["id"],))
+    ids = ", ".join(p["id"] for p in fits)
+    return Detection(best, f"{said}{_why(best)}: the content fits {ids}; checked against the newest, {best['id']} "
+                           f"(--profile chooses another)", tuple(p["id"] for p in fits))
+
+
+def _by_named_release(name: str, named: tuple[str, str | None], fits: list[dict]) -> Detection | None:
+    release, variant = named
+    entry = catalog.entry(release)
+    profiles = all_profiles()
+    if entry is not None:
+        ids = [catalog.profile_id(entry, v) for v in (entry.get("variants") or {})]
+        if variant is not None and catalog.profile_id(entry, variant) in profiles:
+            return Detection(profiles[catalog.profile_id(entry, variant)], f"the folder name {name!r} names Ryzen AI {release}, variant {variant}")
+        mine = [p for p in fits if p["id"] in ids]
+        if mine:
+            return _newest_of(mine, f"the folder name {name!r} names Ryzen AI {release} and the content decides the variant: ")
+        return None
+    newest = catalog.newest()
+    if catalog.version_key(release) <= catalog.version_key(newest):
+        return None  # an older release raipack has no entry for: the content decides, RP109 names the release
+    same = [p for p in profiles.values() if target_of(p).is_amd and catalog.variant_of(p) == variant] if variant else fits
+    if not same:
+        return None
+    newest_same = max(catalog.version_key(p["release"]) for p in same)
+    same = [p for p in same if catalog.version_key(p["release"]) == newest_same]
+    known = f"the folder name {name!r} names Ryzen AI {release}, newer than raipack's release catalog (newest {newest}): checked against "
+    if len(same) == 1:
+        return Detection(same[0], f"{known}{same[0]['id']}, the newest known release of variant {catalog.variant_of(same[0])}", (same[0]["id"],), release)
+    found = _newest_of([p for p in same if p in fits] or same, known)
+    found.unknown_release = release
+    return found

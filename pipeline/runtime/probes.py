@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from raipack.npu import catalog
 from raipack.npu.settings import INSTALL_ENV, installed_sdk_version
 from raipack.runtime.provider import EP_ENV, LIBRARY
 
@@ -49,8 +51,9 @@ TINY_CONFIG = {"model": {"type": "llama", "vocab_size": 8, "context_length": 8, 
                                                 "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
                                      "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}}},
                "search": {"max_length": 8}}
-NPU_DRIVER_PS = ("Get-CimInstance Win32_PnPSignedDriver | Where-Object { $_.DeviceName -like '*NPU*' } | "
-                 "Select-Object -First 1 -ExpandProperty DriverVersion")
+NPU_DRIVER_PS = ("$d = Get-CimInstance Win32_PnPSignedDriver | Where-Object { $_.DeviceName -like '*NPU*' } | Select-Object -First 1; "
+                 "if ($d) { $d.DriverVersion; $d.HardWareID }")
+PCI_DEVICE = re.compile(r"VEN_1022&(DEV_[0-9A-F]{4})", re.IGNORECASE)
 
 
 def search_path() -> list[str]:
@@ -123,7 +126,8 @@ def provider_known() -> tuple[bool | None, str]:
 
 
 def npu_device(platform: str | None = None, root: Path = Path("/"), runner=subprocess.run) -> dict:
-    """{"present": bool, "driver": str|None, "detail": one line}: the NPU as this platform shows it.
+    """{"present": bool, "driver": str|None, "device": "DEV_17F0"|None, "detail": one line}: the NPU as
+    this platform shows it (device: its PCI device id, vendor 0x1022, as AMD's npu_check reads it).
     `root` and `runner` are where tests put a fake system."""
     platform = platform or sys.platform
     if platform.startswith("linux"):
@@ -131,19 +135,38 @@ def npu_device(platform: str | None = None, root: Path = Path("/"), runner=subpr
         nodes = sorted(str(p.relative_to(root).as_posix()) for p in (root / "dev" / "accel").glob("accel*")) if (root / "dev" / "accel").is_dir() else []
         version = module / "version"
         driver = version.read_text().strip() if version.is_file() else ("loaded" if module.is_dir() else None)
+        device = _linux_pci_device(root)
         parts = [f"amdxdna driver {'loaded' if module.is_dir() else 'not loaded'} (/sys/module/amdxdna)",
                  f"device nodes {', '.join('/' + n for n in nodes)}" if nodes else "no /dev/accel/accel* device node"]
-        return {"present": module.is_dir() and bool(nodes), "driver": driver, "detail": "; ".join(parts)}
+        parts += [f"PCI device {device}"] if device else []
+        return {"present": module.is_dir() and bool(nodes), "driver": driver, "device": device, "detail": "; ".join(parts)}
     if platform.startswith("win"):
         try:
             proc = runner(["powershell", "-NoProfile", "-NonInteractive", "-Command", NPU_DRIVER_PS], capture_output=True, text=True, timeout=60)
-            version = proc.stdout.strip().splitlines()[0].strip() if proc.returncode == 0 and proc.stdout.strip() else None
+            lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return {"present": False, "driver": None, "detail": f"the NPU driver could not be queried ({exc})"}
-        if version:
-            return {"present": True, "driver": version, "detail": f"NPU driver {version} (Win32_PnPSignedDriver)"}
-        return {"present": False, "driver": None, "detail": "no device named *NPU* among the signed drivers (Win32_PnPSignedDriver)"}
-    return {"present": False, "driver": None, "detail": f"Ryzen AI NPUs run on Windows and Linux; this is {platform}"}
+            return {"present": False, "driver": None, "device": None, "detail": f"the NPU driver could not be queried ({exc})"}
+        if lines:
+            device = next((m[1].upper() for m in map(PCI_DEVICE.search, lines[1:]) if m), None)
+            return {"present": True, "driver": lines[0], "device": device,
+                    "detail": f"NPU driver {lines[0]}" + (f", PCI device {device}" if device else "") + " (Win32_PnPSignedDriver)"}
+        return {"present": False, "driver": None, "device": None, "detail": "no device named *NPU* among the signed drivers (Win32_PnPSignedDriver)"}
+    return {"present": False, "driver": None, "device": None, "detail": f"Ryzen AI NPUs run on Windows and Linux; this is {platform}"}
+
+
+def _linux_pci_device(root: Path) -> str | None:
+    """The PCI device id (DEV_xxxx) of the first AMD device the release catalog lists as an NPU."""
+    known = {k for k in catalog.load()["devices"] if k.startswith("DEV_")}
+    folder = root / "sys" / "bus" / "pci" / "devices"
+    for dev in sorted(folder.iterdir()) if folder.is_dir() else ():
+        try:
+            vendor, device = ((dev / n).read_text().strip().lower() for n in ("vendor", "device"))
+        except OSError:
+            continue
+        name = "DEV_" + device.removeprefix("0x").upper()
+        if vendor == "0x1022" and name in known:
+            return name
+    return None
 
 
 def sdk_install() -> dict:

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import contextlib
 
+from raipack.npu import families as family_table
 from raipack.stages.export import mistral
-
-# builder extra options per model_type (the caller's own options win)
-EXTRA_OPTIONS = {"gemma3_text": {"windowed_kv_cache": "false"}, **mistral.EXTRA_OPTIONS}
 
 
 def flat_rope(config) -> None:
@@ -61,7 +59,8 @@ def _gemma3_class():
 
 
 def extra_options(model_type: str | None) -> dict[str, str]:
-    return dict(EXTRA_OPTIONS.get(model_type or "", {}))
+    """The builder's extra options of the family (`export_options` of its families-table entry; the caller's own win)."""
+    return family_table.export_options(model_type)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ left as they are.
 
 The builder would then also give the sliding layers a window-sized KV cache of their own (CPU EP
 default); an NPU package has one static buffer of max_length positions per layer, so
-`windowed_kv_cache` is off and `local_window_size` alone keeps the window, as for Gemma 3.
+`windowed_kv_cache` is off (`export_options` of mistral in pipeline/data/architectures.json) and `local_window_size` alone keeps the window, as for Gemma 3.
 
 A float export (precision fp32, a transformers model as the builder's input) takes every
 `nn.Linear` whose width is the vocabulary for lm_head; the first one found wins, so a model whose
@@ -19,8 +19,6 @@ not concerned (a Quark export's modules are the builder's own, and its lm_head i
 """
 
 from __future__ import annotations
-
-EXTRA_OPTIONS = {"mistral": {"windowed_kv_cache": "false"}}
 
 
 def all_sliding(config) -> None:

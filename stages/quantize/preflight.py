@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from raipack.core.errors import RaipackError
+from raipack.npu import families
+from raipack.npu.dims import text_config
 
 GroupSize = int | Literal["auto"]
 LmHead = int | Literal["exclude"]
 GROUP_SIZES = (128, 64, 32)  # the uint4_wo_<g> schemes Quark ships, preferred first
-LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "granite", "olmo2", "smollm3")  # q/k/v/o + gate/up/down
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 HINT = "fix the recipe's [quantize] options or the input model"
@@ -47,17 +48,11 @@ def read_config(model_config_or_dir: Any) -> dict[str, Any]:
         raise RaipackError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}", HINT) from None
 
 
-def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    # multimodal wrappers keep the decoder's sizes in text_config
-    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
-        return cfg["text_config"]
-    return cfg
-
-
 def linear_shapes(cfg: dict[str, Any]) -> list[tuple[str, int, int]] | None:
     """``(name, in_features, out_features)`` of every linear layer, from config.json alone.
 
-    Known for Llama-, Mistral-, Qwen2/3-, Gemma 3- and Phi3-shaped decoders; ``None`` for others.
+    Known for the families whose `linears` layout (pipeline/data/architectures.json) is "llama"
+    (q/k/v/o + gate/up/down) or "phi3" (fused qkv_proj, gate_up_proj); ``None`` for others.
     """
     c = text_config(cfg)
     model_type = c.get("model_type") or cfg.get("model_type")
@@ -69,7 +64,8 @@ def linear_shapes(cfg: dict[str, Any]) -> list[tuple[str, int, int]] | None:
     kv = c.get("num_key_value_heads") or heads
     head_dim = c.get("head_dim") or hidden // heads
     vocab = c.get("vocab_size") or 0
-    if model_type in LLAMA_SHAPED:
+    layout = families.linears_of(model_type)
+    if layout == "llama":
         per_layer = [
             ("self_attn.q_proj", hidden, heads * head_dim),
             ("self_attn.k_proj", hidden, kv * head_dim),
@@ -79,7 +75,7 @@ def linear_shapes(cfg: dict[str, Any]) -> list[tuple[str, int, int]] | None:
             ("mlp.up_proj", hidden, inter),
             ("mlp.down_proj", inter, hidden),
         ]
-    elif model_type == "phi3":
+    elif layout == "phi3":
         per_layer = [
             ("self_attn.qkv_proj", hidden, (heads + 2 * kv) * head_dim),
             ("self_attn.o_proj", heads * head_dim, hidden),

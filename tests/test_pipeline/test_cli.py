@@ -47,7 +47,7 @@ def test_select_limits_the_checks(make_pkg, capsys):
     code, out, _ = run(capsys, "validate", "--format", "json", "--select", "RP4", broken(make_pkg))
     report = json.loads(out)
     assert code == 1
-    assert report["results"][0]["checks_run"] == ["RP401", "RP402", "RP403", "RP404", "RP405", "RP406"]
+    assert report["results"][0]["checks_run"] == ["RP401", "RP402", "RP403", "RP404", "RP405", "RP406", "RP407"]
 
 
 def test_text_report_groups_by_file_and_ends_with_a_verdict(make_pkg, capsys):

@@ -263,3 +263,51 @@ def test_windows_npu_driver_with_a_fake_powershell(stdout, present, driver):
     assert npu["present"] is present and npu["driver"] == driver and calls[0][0] == "powershell"
     problems = doctor._npu_problems(npu)
     assert [p.code for p in problems] == (["DR007"] if present else ["DR001"])  # .240 is older than .280
+
+
+# -- the NPU device and driver against the package's release (catalog: devices, driver_minimum) -----
+
+def _pci(root: Path, slot: str, vendor: str, device: str) -> None:
+    folder = root / "sys" / "bus" / "pci" / "devices" / slot
+    folder.mkdir(parents=True)
+    (folder / "vendor").write_text(vendor + "\n")
+    (folder / "device").write_text(device + "\n")
+
+
+def test_linux_npu_pci_device_from_a_fake_root(tmp_path):
+    _pci(tmp_path, "0000:00:08.0", "0x1022", "0x14ea")  # an AMD bridge: not an NPU
+    _pci(tmp_path, "0000:c5:00.1", "0x1022", "0x17f0")
+    assert machine.npu_device("linux", tmp_path)["device"] == "DEV_17F0"
+    assert "PCI device DEV_17F0" in machine.npu_device("linux", tmp_path)["detail"]
+
+
+def test_windows_npu_device_and_the_newer_driver_format(monkeypatch):
+    def runner(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 0, "32.0.20101.3760\r\nPCI\\VEN_1022&DEV_1502&SUBSYS_0C4F1028&REV_00\r\n", "")
+
+    npu = machine.npu_device("win32", runner=runner)
+    assert npu == {"present": True, "driver": "32.0.20101.3760", "device": "DEV_1502",
+                   "detail": "NPU driver 32.0.20101.3760, PCI device DEV_1502 (Win32_PnPSignedDriver)"}
+
+
+@pytest.mark.parametrize("release, npu, expected", [
+    ("1.8.0", {"device": "DEV_17F0", "driver": "32.0.20101.3760"}, []),  # the new format is newer than 32.0.203.280 (lemonade #3492)
+    ("1.8.0", {"device": "DEV_17F0", "driver": "32.0.203.280"}, []),
+    ("1.8.0", {"device": "DEV_1502", "driver": "32.0.20101.3760"}, [("DR108", "error")]),  # XDNA1: no LLM packages
+    ("1.8.0", {"device": "DEV_2000", "driver": "32.0.203.280"}, [("DR108", "warning")]),  # a device the catalog does not list
+    ("1.6.0", {"device": "DEV_17F0", "driver": "32.0.203.257"}, [("DR109", "error")]),  # 1.6's minimum is documented
+    ("1.8.0", {"device": "DEV_17F0", "driver": "32.0.203.257"}, [("DR109", "warning")]),  # 1.8.0's is inferred from 1.7
+    ("1.8.0", {"device": None, "driver": "2.19.0"}, []),  # Linux amdxdna versions are not Windows driver versions
+    ("n/a", {"device": "DEV_1502", "driver": "1.0.0.0"}, []),
+])
+def test_device_and_driver_against_the_release(release, npu, expected):
+    problems = doctor.device_problems(release, {"present": True, **npu})
+    assert [(p.code, p.severity) for p in problems] == expected
+    for p in problems:
+        assert f"Ryzen AI {release}" in p.message and (npu["device"] in p.message or npu["driver"] in p.message)
+
+
+def test_a_package_on_an_xdna1_machine_will_not_run(make_pkg, ready_machine, monkeypatch, capsys):
+    monkeypatch.setattr(machine, "npu_device", lambda: {"present": True, "driver": "32.0.20101.3760", "device": "DEV_1502", "detail": "fake XDNA1 NPU"})
+    code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
+    assert code == 1 and "ERROR DR108" in out and "DEV_1502 (XDNA1" in out and "DEV_17F0 (XDNA2" in out, out

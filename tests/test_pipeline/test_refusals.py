@@ -13,8 +13,9 @@ import pytest
 
 from raipack.cli import main
 from raipack.data import load_data
+from raipack.npu import families
 
-SUPPORTED = load_data("architectures.json")["supported"]
+SUPPORTED = families.supported()
 GLM_AUTO_MAP = {"AutoConfig": "configuration_chatglm.ChatGLMConfig", "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration"}
 
 # (architectures[0], what config.json holds besides it, the reason the sentence must give, the clue it must quote or None)

@@ -234,16 +234,17 @@ def test_a_genai_config_that_is_no_package_file_is_refused_unopened(make_pkg, ca
 
 def test_round_trip_in_a_folder_without_rai_in_its_name(make_pkg, capsys):
     """search.max_length is what --profile auto tells a 16K package from a 4K one by, in a folder not
-    named like AMD's: tune checks the edit against the profile detected before it, says how to keep it."""
-    pkg = make_pkg(P16_OLD, name="my-model")
+    named like AMD's: tune checks the edit against the profile detected before it, says how to keep it.
+    (Content alone cannot tell 1.7.1 from 1.8.0 16K packages and takes the newest, 1.8.0.)"""
+    pkg = make_pkg(P16, name="my-model")
     original = (pkg / GENAI).read_bytes()
     code, out, _ = run(capsys, pkg, "--max-length", 4096)
     assert code == 0
-    assert f"profile {P16_OLD} (detected before the edit:" in out  # validated against the same profile, not re-detected
-    assert f"pass --profile {P16_OLD} to later tune and validate runs" in out
+    assert f"profile {P16} (detected before the edit:" in out  # validated against the same profile, not re-detected
+    assert f"pass --profile {P16} to later tune and validate runs" in out
     code, _, err = run(capsys, pkg, "--max-length", 16384)  # auto detection now sees a 4K package ...
     assert code == 1 and "above 4096" in err and "name that profile with --profile" in err
-    code, out, _ = run(capsys, pkg, "--max-length", 16384, "--profile", P16_OLD)  # ... and the note's --profile undoes it
+    code, out, _ = run(capsys, pkg, "--max-length", 16384, "--profile", P16)  # ... and the note's --profile undoes it
     assert code == 0 and (pkg / GENAI).read_bytes() == original
     assert [f for f in validate(pkg).findings if f.severity != "advice"] == []
 

@@ -86,10 +86,11 @@ def test_repo_fallback_folder_holds_every_schema():
 
 def test_shipped_profiles_validate():
     """Every profile as the code sees it (`extends` resolved, each model override applied)."""
-    from raipack.npu import profile
+    from raipack.npu import catalog, profile
 
     folder = HERE.parent.parent / "pipeline" / "profiles"
-    assert sorted(profile.raw_profiles()) == sorted(p.stem for p in folder.glob("*.json"))
+    assert sorted(profile.file_profiles()) == sorted(p.stem for p in folder.glob("*.json"))
+    assert set(profile.raw_profiles()) == set(profile.file_profiles()) | set(catalog.release_profiles())
     for pid, prof in profile.all_profiles().items():
         assert schemas.errors("profile", prof) == [], pid
         for model_type in prof.get("model_overrides", {}):

@@ -28,10 +28,13 @@ def family_matchers() -> tuple:
     """The extension point for a family whose layer chain differs from the generic one (a module of
     its own in this package, e.g. gemma.py): matchers tried in order before `match_chain`, each
     `fn(g, gqa)` returning (groups, why) for a layer of its family and None for any other layer.
-    Imported here rather than at the top so a family module may import this module's group helpers."""
-    from raipack.stages.fuse.graph import gemma
+    Which modules: `fuse_matcher` of the families table (pipeline/data/architectures.json). Imported
+    here rather than at the top so a family module may import this module's group helpers."""
+    import importlib
 
-    return (gemma.match_layer,)
+    from raipack.npu import families
+
+    return tuple(importlib.import_module(f"raipack.stages.fuse.graph.{name}").match_layer for name in families.fuse_matchers())
 
 
 def match_chain(g: Graph, gqa) -> tuple[list[Group], str]:

@@ -89,10 +89,7 @@ def _names():
     doc = json.loads((REAL / "folder_names.json").read_text())
     for entry in doc["names"]:
         suffix = next(s for s in doc["expectations"] if entry["folder"].endswith(s))
-        mark = ()
-        if suffix == "-onnx-ryzenai-1.7-hybrid":  # the catalog work (issue 23, first half) adds these names
-            mark = pytest.mark.xfail(strict=True, reason="known disagreement: no profile takes AMD's '-onnx-ryzenai-1.7-hybrid' names; content detection names 1.7.1-hybrid")
-        yield pytest.param(entry["folder"], doc["expectations"][suffix], id=entry["folder"], marks=mark)
+        yield pytest.param(entry["folder"], doc["expectations"][suffix], id=entry["folder"])
 
 
 @pytest.mark.parametrize(("folder", "expect"), list(_names()))

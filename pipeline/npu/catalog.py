@@ -170,6 +170,16 @@ def release_in_name(name: str) -> tuple[str, str | None] | None:
     return match["release"], rule["variants"].get(suffix)
 
 
+def release_series_in_name(name: str) -> tuple[str, str | None] | None:
+    """(release series, variant or None) a folder name states the way AMD's 1.7 hybrid collection
+    names its folders (`SmolLM2-135M-Instruct-onnx-ryzenai-1.7-hybrid` → ("1.7", "hybrid")); None if none."""
+    rule = load()["name_release"]
+    match = re.search(rule["series_pattern"], name) if rule.get("series_pattern") else None
+    if match is None:
+        return None
+    return match["release"], rule["variants"].get(match["kind"])
+
+
 def variant_of(prof: dict) -> str | None:
     """The catalog variant a release profile was built from (its id after the release prefix)."""
     for rel in releases():

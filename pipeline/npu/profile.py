@@ -188,6 +188,11 @@ def detect(pkg: Package) -> Detection | None:
         found = _by_named_release(pkg.name, named, fits)
         if found is not None:
             return found
+    series = catalog.release_series_in_name(pkg.name) if named is None else None
+    if series is not None:
+        found = _by_series(pkg.name, series, fits)
+        if found is not None:
+            return found
     by_pattern = next(((prof, pattern) for prof in all_profiles().values() for pattern in prof["detect"]["name_patterns"]
                        if fnmatch.fnmatchcase(pkg.name, pattern)), None)
     if by_pattern is not None and (not fits or by_pattern[0] in fits):
@@ -227,6 +232,18 @@ def _newest_of(fits: list[dict], said: str = "") -> Detection:
     ids = ", ".join(p["id"] for p in fits)
     return Detection(best, f"{said}{_why(best)}: the content fits {ids}; checked against the newest, {best['id']} "
                            f"(--profile chooses another)", tuple(p["id"] for p in fits))
+
+
+def _by_series(name: str, series: tuple[str, str | None], fits: list[dict]) -> Detection | None:
+    """A name that states a release series (`-onnx-ryzenai-1.7-hybrid`): that series' profiles of the
+    variant, the ones the content fits first; None where the content fits profiles of none of them."""
+    release, variant = series
+    mine = [p for p in all_profiles().values() if target_of(p).is_amd and str(p.get("release", "")).startswith(release + ".")
+            and (variant is None or catalog.variant_of(p) == variant)]
+    said = f"the folder name {name!r} names Ryzen AI {release}" + (f", variant {variant}" if variant else "") + ": "
+    if fits:
+        mine = [p for p in mine if p in fits]
+    return _newest_of(mine, said) if mine else None
 
 
 def _by_named_release(name: str, named: tuple[str, str | None], fits: list[dict]) -> Detection | None:

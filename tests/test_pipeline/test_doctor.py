@@ -277,15 +277,15 @@ def _pci(root: Path, slot: str, vendor: str, device: str) -> None:
 def test_linux_npu_pci_device_from_a_fake_root(tmp_path):
     _pci(tmp_path, "0000:00:08.0", "0x1022", "0x14ea")  # an AMD bridge: not an NPU
     _pci(tmp_path, "0000:c5:00.1", "0x1022", "0x17f0")
-    assert machine.npu_device("linux", tmp_path)["device"] == "DEV_17F0"
-    assert "PCI device DEV_17F0" in machine.npu_device("linux", tmp_path)["detail"]
+    assert probes.npu_device("linux", tmp_path)["device"] == "DEV_17F0"
+    assert "PCI device DEV_17F0" in probes.npu_device("linux", tmp_path)["detail"]
 
 
 def test_windows_npu_device_and_the_newer_driver_format(monkeypatch):
     def runner(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 0, "32.0.20101.3760\r\nPCI\\VEN_1022&DEV_1502&SUBSYS_0C4F1028&REV_00\r\n", "")
 
-    npu = machine.npu_device("win32", runner=runner)
+    npu = probes.npu_device("win32", runner=runner)
     assert npu == {"present": True, "driver": "32.0.20101.3760", "device": "DEV_1502",
                    "detail": "NPU driver 32.0.20101.3760, PCI device DEV_1502 (Win32_PnPSignedDriver)"}
 
@@ -308,6 +308,6 @@ def test_device_and_driver_against_the_release(release, npu, expected):
 
 
 def test_a_package_on_an_xdna1_machine_will_not_run(make_pkg, ready_machine, monkeypatch, capsys):
-    monkeypatch.setattr(machine, "npu_device", lambda: {"present": True, "driver": "32.0.20101.3760", "device": "DEV_1502", "detail": "fake XDNA1 NPU"})
+    monkeypatch.setattr(probes, "npu_device", lambda: {"present": True, "driver": "32.0.20101.3760", "device": "DEV_1502", "detail": "fake XDNA1 NPU"})
     code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
     assert code == 1 and "ERROR DR108" in out and "DEV_1502 (XDNA1" in out and "DEV_17F0 (XDNA2" in out, out

@@ -12,8 +12,9 @@ import pytest
 
 from factory import make_package
 from helpers import run_cli
-from raipack import doctor, machine
+from raipack import doctor
 from raipack.npu import linux
+from raipack.runtime import probes
 from raipack.validate import validate
 
 GENAI = "genai_config.json"
@@ -114,8 +115,8 @@ def test_platform_takes_no_length_option(amd16, capsys):
 
 def test_doctor_on_linux_lists_the_edits(amd16, monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(machine, "npu_device", lambda: {"present": True, "driver": "loaded", "device": "DEV_17F0", "detail": "fake"})
-    env = {"platform": "linux", "sdk": {"version": None}, "release": None, "onnxruntime_genai": None, "npu": machine.npu_device()}
+    monkeypatch.setattr(probes, "npu_device", lambda: {"present": True, "driver": "loaded", "device": "DEV_17F0", "detail": "fake"})
+    env = {"platform": "linux", "sdk": {"version": None}, "release": None, "onnxruntime_genai": None, "npu": probes.npu_device()}
     _, problems = doctor.check_package(doctor.open_package(amd16), env)
     linux = [p for p in problems if p.code == "DR110"]
     assert len(linux) == 3 and all(p.severity == "error" and "tune --platform linux" in p.hint for p in linux)

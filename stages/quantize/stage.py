@@ -26,6 +26,7 @@ class QuantizeConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     max_ppl_increase: float | None = None  # fail when quantized/source perplexity - 1 exceeds this
     quality: bool = True  # measure perplexity and the greedy answer
+    quality_tokens: int = 256  # held-out tokens the perplexity probe scores (the probes' token budget), in `dtype`
 
 
 def run(job: Job) -> dict:
@@ -49,7 +50,10 @@ def run(job: Job) -> dict:
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")
     if cfg.quality:
-        report["quality"] = measure(src, job.workdir, heldout_text())
+        if cfg.quality_tokens < 2:
+            raise UsageError(f"[quantize].quality_tokens is {cfg.quality_tokens}; expected at least 2 (perplexity scores the tokens after the first)",
+                             "set quality_tokens to 256 (the default), or quality = false to skip the probes")
+        report["quality"] = measure(src, job.workdir, heldout_text(), dtype=cfg.dtype, tokens=cfg.quality_tokens)
         ratio = report["quality"]["ppl_increase"]
         if cfg.max_ppl_increase is not None and ratio > cfg.max_ppl_increase:
             q = report["quality"]
@@ -72,17 +76,29 @@ def summary(algorithm: str, report: dict) -> str:
     return text + (f", ppl {q['ppl_source']:.2f} → {q['ppl_quantized']:.2f}" if q else "")
 
 
-def measure(source, quantized, text: str) -> dict:
+def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int = 256) -> dict:
+    """Perplexity on the first `tokens` tokens of `text` (one forward) and the greedy answer, of the source in
+    the stage's `dtype` and of the quantized export as transformers reloads it, its linears dequantized once
+    (Quark's modules dequantize on every call: the greedy decode was most of the probes' time)."""
+    import time
+
+    from raipack.runtime.quark_hf import dequantize_once
     from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
 
+    t0 = time.perf_counter()
     out = {}
     for label, folder in (("source", source), ("quantized", quantized)):
-        model, tok = load_hf(folder)
-        out[f"ppl_{label}"] = round(perplexity(model, tok, text), 4)
+        model, tok = load_hf(folder, dtype=dtype)
+        if label == "quantized":
+            dequantize_once(model)
+        out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
         out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT)
         del model
     out["ppl_increase"] = round(out["ppl_quantized"] / out["ppl_source"] - 1, 4)
     out["prompt"] = PROMPT
+    out["tokens"] = tokens
+    out["dtype"] = dtype
+    out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 
 

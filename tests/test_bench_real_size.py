@@ -50,9 +50,21 @@ def test_real_dimensions_are_llama_3_2_1b():
 
 def test_peak_rss_is_the_child_own_not_the_parent_size(tmp_path):
     ballast = np.ones(400 << 20, np.uint8)  # 400 MiB resident in this process before the fork
-    run = real_size.measured(["--help"], dict(os.environ), tmp_path)
+    run = real_size.measured(["--help"], dict(os.environ), tmp_path, sample_s=0.02)
     assert run["rc"] == 0 and "Usage" in run["stdout"]
     assert 10 << 20 < run["peak_rss"] < ballast.nbytes  # the child's own VmHWM, from its /proc at exit
+    assert 0 < run["peak_anon"] <= run["peak_rss"] and 0 < run["cpu_s"] <= run["wall_s"] * 2  # sampled RssAnon; the child's CPU time
+
+
+def test_each_model_is_its_published_size_and_the_tool_time_comes_from_the_stage_report():
+    from raipack.npu.dims import parameter_count
+
+    sizes = {name: parameter_count(cfg) for name, cfg in real_size.MODELS.items()}
+    assert sizes == {"llama-3.2-1b": 1_235_814_400, "llama-3.2-3b": 3_212_749_824, "llama-3.1-8b": 8_030_261_248}
+    assert sum(int(np.prod(s)) for _, s in real_size.tensor_shapes(real_size.MODELS["llama-3.1-8b"])) == sizes["llama-3.1-8b"]  # untied lm_head written
+    assert real_size.tool_seconds("quantize", {"seconds_load": 1.0, "seconds_quantize": 10.25, "seconds_export": 2.0, "seconds": 30}) == 13.2
+    assert real_size.tool_seconds("export", {"builder_seconds": 7.84, "seconds": 20}) == 7.8
+    assert real_size.tool_seconds("smoke", {"seconds": 5}) is None and real_size.tool_seconds("quantize", {}) is None
 
 
 def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
@@ -66,11 +78,12 @@ def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
 
 
 def test_table_shows_each_stage_and_the_package_rows():
-    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "stage_s": 61.5, "process_s": 80.2, "peak_rss": 3 << 30, "estimate": 5 << 29, "summary": "rtn uint4 g128", "rc": 0}
-    failed = {**row, "stage": "export", "status": "failed", "stage_s": None, "estimate": None, "summary": "", "rc": 1, "error": "log\nERROR: parity failed"}
+    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "stage_s": 61.5, "process_s": 80.2, "cpu_s": 75.0, "tool_s": 40.5,
+           "peak_rss": 3 << 30, "peak_anon": 2 << 30, "estimate": 5 << 29, "summary": "rtn uint4 g128", "rc": 0}
+    failed = {**row, "stage": "export", "status": "failed", "stage_s": None, "tool_s": None, "estimate": None, "summary": "", "rc": 1, "error": "log\nERROR: parity failed"}
     pkg = {"validate": {"validate_s": 0.41, "imports_s": 0.2, "ratio": 2.05, "rc": 0, "files": 180, "bytes": 3 << 30},
            "decode": {"reference_tps": 12.0, "oga_tps": 10.0, "ratio": 1.2, "run_s": 9.0, "run_peak_rss": 1 << 30, "run_stats": "[cpu-reference] 64 tokens"}}
     text = real_size.table({"rows": [row, failed], "packages": {"rtn": pkg}})
-    assert "| rtn | quantize | built | 61.5 | 80.2 | 3.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
+    assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
     assert "| rtn | export | failed | – |" in text and "ERROR: parity failed" in text
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text

@@ -31,6 +31,7 @@ class BuildContext:
     reports: dict[str, dict] = field(default_factory=dict)  # stage name -> its report
     started: float = field(default_factory=time.perf_counter)
     warn: Callable[[str], None] | None = None  # a warning line; default: the progress display, in yellow
+    ignore_memory: bool = False  # run a stage whose memory estimate exceeds the free memory instead of refusing it
 
     def __post_init__(self):
         if self.warn is None:

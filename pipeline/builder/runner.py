@@ -29,6 +29,7 @@ from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
+from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.core.output import atomic_write_text
 from raipack.core.stage import Job
 from raipack.npu import profile as profiles
@@ -36,6 +37,10 @@ from raipack.npu import profile as profiles
 
 class StageFailed(RaipackError):
     """A stage ran but its output failed the checks, or it refused its input."""
+
+
+class MemoryRefused(RaipackError):
+    """A stage's memory estimate exceeds what the machine has free (exit code 1; --ignore-memory runs it anyway)."""
 
 
 @dataclass
@@ -103,6 +108,7 @@ class BuildOptions:
     cache_root: Path | None = None  # default: cache.cache_root()
     inputs: handover.Handover | None = None  # a hand-over standing in for the stages before from_
     progress: Progress | None = None  # default: plain lines
+    ignore_memory: bool = False  # run a stage whose memory estimate exceeds the free memory instead of refusing it
 
 
 def build(recipe: Recipe, options: BuildOptions | None = None, /, **flags) -> BuildResult:
@@ -128,7 +134,7 @@ def build(recipe: Recipe, options: BuildOptions | None = None, /, **flags) -> Bu
         if st.preflight is not None:
             st.preflight(parse_config(st.config, recipe.stages.get(name), f"[{name}]"), profile)
     root = opts.cache_root or cache.cache_root()
-    ctx = BuildContext(recipe, profile, root, progress, opts.verify_cache, inputs, started=start)
+    ctx = BuildContext(recipe, profile, root, progress, opts.verify_cache, inputs, started=start, ignore_memory=opts.ignore_memory)
     if model_dir is not None:
         ctx.outputs[model_stage] = model_dir
     outputs = ctx.outputs
@@ -183,7 +189,8 @@ def run_stage(st, ctx: BuildContext, *, force: bool = False, on_miss=None) -> St
     if hit is not None:
         path, report, status = hit, stored_report(hit), "cached"
     else:
-        path, report, status = _run_stage(st, cfg, ctx, ckey, force)
+        memory = memory_check(st, cfg, [ctx.outputs[i] for i in st.inputs] + ([Path(ctx.recipe.model)] if ctx.recipe.model else []), ctx.profile, ctx.ignore_memory)
+        path, report, status = _run_stage(st, cfg, ctx, ckey, force, memory)
     return StageResult(st.name, status, time.perf_counter() - t0, ckey, str(path), report)
 
 
@@ -231,7 +238,25 @@ def stored_report(path: Path) -> dict:
     return doc.get("report", {})
 
 
-def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool) -> tuple[Path, dict, str]:
+def memory_check(st, cfg, folders: list[Path], profile: dict, ignore: bool = False) -> dict:
+    """The stage's memory estimate (the registry's) against the free memory, before anything is staged: a refusal
+    in one sentence with the numbers, unless `ignore`. Returns the report's `memory` record."""
+    from raipack.core.memory import available, gib
+
+    est = stages.memory(st.name, cfg, folders, profile)
+    avail, source = available(est.device)
+    record = {"estimate_bytes": est.bytes, "basis": est.basis, **est.details, "available_bytes": avail, "available_source": source}
+    if avail is None or est.bytes <= avail:
+        return record
+    if ignore:
+        return {**record, "ignored": True}
+    where = f"{folders[0]}: " if folders else ""
+    hint = (est.hint(avail) if est.hint else "close other programs, or build on a machine with more free memory") + "; --ignore-memory runs it anyway"
+    raise MemoryRefused(f"{where}stage {st.name} needs about {gib(est.bytes)} of memory ({est.basis}) but only {gib(avail)} is available "
+                        f"on {est.device} ({source})", hint)
+
+
+def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool, memory: dict | None = None) -> tuple[Path, dict, str]:
     """Build the stage into a staging folder and commit it; (entry, report, "built"), or "cached" when another
     process committed the same key first (its entry wins, this one's folder is discarded)."""
     recipe, profile, outputs, cache_root = ctx.recipe, ctx.profile, ctx.outputs, ctx.cache_root
@@ -243,8 +268,11 @@ def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool) -> tuple[Path
     job = Job(st, cfg, {i: outputs[i] for i in st.inputs}, work, profile, recipe, ctx.progress, dict(ctx.reports))
     try:
         try:
+            reset_peak_rss()
             with logs.captured(job):  # the libraries' output goes to the stage's log.txt
                 report = st.run(job) or {}
+            if memory is not None:  # the estimate beside the measured peak (VmHWM of this process during run())
+                report["memory"] = {**memory, "peak_rss_bytes": peak_rss_bytes()}
         except RaipackError:
             raise
         except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/builder/crash.py)

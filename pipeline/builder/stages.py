@@ -8,10 +8,15 @@ the one whose output becomes the package.
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
+from typing import Any
 
 from raipack.core.errors import UsageError
-from raipack.core.stage import Stage
+from raipack.core.memory import gib
+from raipack.core.stage import MemoryEstimate, Stage
 from raipack.data import load_data
+from raipack.npu.dims import parameter_count, text_config
 
 MODEL_KIND = "source"  # a user's model folder replaces the output of the stage of this kind
 PACKAGE_KIND = "package"  # the output of the stage of this kind is assembled into the package
@@ -34,3 +39,46 @@ def of_kind(kind: str) -> str:
     if len(names) != 1:
         raise RuntimeError(f"pipeline/data/stages.json: {len(names)} stages of kind {kind!r}, expected one")
     return names[0]
+
+
+def memory(name: str, config: Any, folders: list[Path], profile: dict) -> MemoryEstimate:
+    """Stage `name`'s peak memory, estimated before it loads anything: its own `memory` from the first
+    config.json among `folders` (its inputs, the user's model folder), else the allowance rule of
+    pipeline/data/stage_memory.json (also when its own estimate does not know the architecture)."""
+    model_config = model_config_of(folders)
+    own = get(name).memory
+    if own is not None:
+        try:
+            return own(config, model_config, profile)
+        except (ValueError, TypeError, KeyError, AttributeError):  # an architecture its model does not know: the allowance
+            pass
+    return allowance(name, model_config, profile)
+
+
+def allowance(name: str, model_config: dict | None, profile: dict) -> MemoryEstimate:
+    data = load_data("stage_memory.json")
+    rule = data["rules"].get(name, data["default"])
+    try:
+        params = parameter_count(model_config) if model_config is not None else 0
+    except ValueError:
+        params = 0
+    vocab = text_config(model_config).get("vocab_size") if params else 0
+    tier = max((profile.get("buckets") or {}).get("prefill") or [0])
+    weights, logits = 4 * params, 4 * (vocab if isinstance(vocab, int) else 0) * tier
+    total = int(rule["base"] + rule.get("per_weight_byte", 0) * weights + rule.get("per_logit_byte", 0) * logits)
+    basis = f"raipack's allowance for {params / 1e9:.3f}B parameters" if params else "raipack's allowance before the model's config.json is known"
+    if logits and rule.get("per_logit_byte"):
+        basis += f", prefill logits {gib(logits)} at {tier} tokens"
+    return MemoryEstimate(total, basis, details={"rule": rule, "parameters": params})
+
+
+def model_config_of(folders: list[Path]) -> dict | None:
+    """The first config.json object among `folders`, or None."""
+    for folder in folders:
+        try:
+            doc = json.loads((Path(folder) / "config.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return None

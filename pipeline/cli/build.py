@@ -23,6 +23,7 @@ from raipack.core.errors import UsageError
 @click.option("--handover", type=click.Path(path_type=Path), help="After an --until build, copy the outputs the remaining stages need, with handover.json, into this new folder (to finish the build on another machine).")
 @click.option("--inputs", type=click.Path(path_type=Path), help="A hand-over folder (--handover): its recipe and checked outputs stand in for the stages before --from (default: the first stage it does not carry).")
 @click.option("--force", is_flag=True, help="Rebuild every stage, ignoring the cache.")
+@click.option("--ignore-memory", is_flag=True, help="Run a stage whose memory estimate exceeds the free memory instead of refusing it.")
 @click.option("--verify-cache", is_flag=True, help="Hash every cached output against its manifest before using it (else only when its files' stat changed).")
 @click.option("--algorithm", type=click.Choice(["awq", "gptq", "rtn"]), help="Quantization algorithm (default awq).")
 @click.option("--group-size", help="Quantization group size: 128, 64, 32 or auto.")
@@ -30,6 +31,7 @@ from raipack.core.errors import UsageError
 @click.option("--seq-len", type=int, help="Calibration sequence length.")
 @click.option("--calib-data", help="Calibration text (.txt) or JSON lines (.jsonl, {\"text\": ...}).")
 @click.option("--backend", type=click.Choice(["auto", "reference", "ryzenai-sdk"]), help="Fuse backend.")
+@click.option("--smoke", "smoke_tiers", type=click.Choice(["scaled", "all"]), help="Smoke prefill tiers: every one up to 1024 and the largest (scaled, default), or all.")
 @click.option("--require-npu", is_flag=True, default=None, help="Fail the smoke stage instead of falling back to the CPU reference runtime.")
 @click.option("--trust-remote-code", is_flag=True, default=None, help="Allow a model that needs its own Python code.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and the final summary.")
@@ -59,7 +61,9 @@ def build_request(options: dict):
     flags = {"model": options["model_dir"], **{k: options[k] for k in ("profile", "name", "output", "trust_remote_code")},
              **{table: {k: options[k] for k in keys} for table, keys in STAGE_FLAGS.items()}}
     mode = "json" if options["json_log"] else "quiet" if options["quiet"] else "auto"
-    run = BuildOptions(until=options["until"], from_=options["from_"], force=options["force"], verify_cache=options["verify_cache"])
+    flags["smoke"]["tiers"] = options["smoke_tiers"]
+    run = BuildOptions(until=options["until"], from_=options["from_"], force=options["force"], verify_cache=options["verify_cache"],
+                       ignore_memory=options["ignore_memory"])
     return BuildRequest(options["recipe"], flags, run, options["handover"], options["inputs"], mode, options["verbose"])
 
 

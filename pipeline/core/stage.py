@@ -9,6 +9,20 @@ from typing import Any, Callable
 
 
 @dataclass(frozen=True)
+class MemoryEstimate:
+    """What a stage will need at its peak, estimated from config.json and its options before it loads anything.
+
+    `basis` says what the number counts, for the runner's refusal sentence; `hint(available_bytes)`, when
+    the stage knows a cheaper setting, says it; `details` go into the stage report beside the measured peak."""
+
+    bytes: int
+    basis: str
+    device: str = "cpu"
+    hint: Callable[[int], str] | None = None
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Stage:
     """One build step.
 
@@ -29,6 +43,9 @@ class Stage:
     kind: str = ""  # the manifest's kind
     profile_keys: tuple[str, ...] | None = None  # the target profile's keys the output depends on (None: all of it)
     preflight: Callable[[Any, dict], None] | None = None  # (config, target profile): refuse before any stage runs
+    # (config, the model's config.json or None, target profile): its peak before it loads anything; None: the registry's
+    # allowance rule (pipeline/data/stage_memory.json)
+    memory: Callable[[Any, dict | None, dict], MemoryEstimate] | None = None
 
     def profile_part(self, profile: dict) -> dict:
         """What of the target profile enters this stage's cache key."""

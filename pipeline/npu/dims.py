@@ -41,3 +41,19 @@ def text_config(model_config) -> dict:
     an object). The one rule for quantize, export, the checks and the runtime."""
     cfg = model_config if isinstance(model_config, dict) else {}
     return cfg["text_config"] if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def parameter_count(model_config) -> int:
+    """A decoder-only model's parameters from its config.json: attention, MLP and norms per layer, the
+    embedding (and an untied lm_head); ValueError when a size is missing."""
+    c = text_config(model_config)
+    sizes = {k: _count(c.get(k)) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")}
+    missing = [k for k, v in sizes.items() if not v]
+    if missing:
+        raise ValueError(f"config.json has no integer {', '.join(missing)}")
+    h, i, layers, heads, vocab = sizes.values()
+    head_dim = _count(c.get("head_dim")) or h // heads
+    kv = _count(c.get("num_key_value_heads")) or heads
+    layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * i + 2 * h
+    tied = bool(c.get("tie_word_embeddings", model_config.get("tie_word_embeddings", False)))
+    return layers * layer + vocab * h * (1 if tied else 2) + h

@@ -15,39 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from raipack.runtime.ortloop import OrtDecoder, perplexity
+from raipack.runtime.quark_hf import dequantize_once as _dequantize_once
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     den = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / den) if den else float("nan")
-
-
-def _dequantize_once(model) -> int:
-    """Swap Quark's weight-only `QParamsLinear` modules (which dequantize their packed weight on
-    every call) for `nn.Linear` holding that same dequantized weight. The forward is the same
-    `F.linear` on the same tensor, so logits do not change; decoding gets ~10x faster. Returns the
-    number of modules swapped; modules with activation quantizers are left alone."""
-    import torch
-    from torch import nn
-
-    swapped = 0
-    for name, mod in list(model.named_modules()):
-        if type(mod).__name__ != "QParamsLinear" or not hasattr(mod, "_get_qweight"):
-            continue
-        if getattr(mod, "input_quantizer", None) is not None or getattr(mod, "output_quantizer", None) is not None:
-            continue
-        with torch.no_grad():
-            weight = mod._get_qweight(mod.weight).float()
-            bias = mod._get_qbias(mod.bias) if hasattr(mod, "_get_qbias") else None
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-        linear.weight = nn.Parameter(weight, requires_grad=False)
-        if bias is not None:
-            linear.bias = nn.Parameter(bias.float(), requires_grad=False)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, linear)
-        swapped += 1
-    return swapped
 
 
 def _hf_greedy(model, ids: list[int], steps: int):

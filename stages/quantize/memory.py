@@ -7,41 +7,33 @@ layer's weights), the export at the end and a fixed runtime overhead. The consta
 in ``data/memory.json``; the derivation and the measurements behind them are in
 docs/measurements/quantize.md (section "Memory").
 
-``check()`` runs before any weight is loaded: when the estimate exceeds what ``available()``
-reports it raises ``RaipackError`` with the numbers and a calibration that would fit.
-``RAIPACK_MEMORY_LIMIT`` (bytes, or with a unit: ``8GiB``, ``512MiB``, ``16G``, ``2.5GB``)
-replaces the measured available memory, for tests and to keep a build inside a budget.
+``stage_estimate()`` is the stage's estimate as the stage registry reports it (the build runner
+refuses the stage, before any weight is loaded, when it exceeds what ``raipack.core.memory.available()``
+reports, with the numbers and a calibration that would fit); ``check()`` is the same test outside a
+build. ``RAIPACK_MEMORY_LIMIT`` replaces the measured available memory (raipack.core.memory).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from raipack.core.errors import RaipackError, UsageError
+from raipack.core.errors import RaipackError
+from raipack.core.memory import ENV_LIMIT, GIB, MIB, available, gib, parse_size  # noqa: F401  (ENV_LIMIT, GIB, parse_size: this module's names before they moved)
+from raipack.core.stage import MemoryEstimate
 from raipack.data import load_data
 from raipack.stages.quantize.preflight import text_config
 
-ENV_LIMIT = "RAIPACK_MEMORY_LIMIT"
-GIB = 1 << 30
-MIB = 1 << 20
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": MIB, "mib": MIB, "mb": 10**6,
-          "g": GIB, "gib": GIB, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
 _FUSED = ("phi3",)  # qkv_proj and gate_up_proj: same parameter count, other linear shapes
 
 
 def model_data() -> dict[str, Any]:
     """The constants of the memory model (``stages/quantize/data/memory.json``)."""
     return load_data("data/memory.json", "raipack.stages.quantize")
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB" if n < 10 * GIB else f"{n / GIB:.1f} GiB"
 
 
 # --------------------------------------------------------------------------- shapes
@@ -204,52 +196,6 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
 # --------------------------------------------------------------------------- what the machine has
 
 
-def parse_size(text: str) -> int:
-    """``"8GiB"`` -> 8589934592; bytes when there is no unit (K/M/G/T and KiB... are powers of 1024, KB... of 1000)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m and _UNITS.get(m.group(2).lower())
-    if not m or unit is None:
-        raise UsageError(f"{ENV_LIMIT}={text!r} is not a size", f"give bytes or a number with a unit, e.g. {ENV_LIMIT}=8GiB")
-    return int(float(m.group(1)) * unit)
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        return None
-
-
-def available(device: str = "cpu") -> tuple[int | None, str]:
-    """Bytes free for the stage on ``device`` and where the number comes from.
-
-    ``$RAIPACK_MEMORY_LIMIT`` wins; else MemAvailable (/proc/meminfo, psutil as fallback)
-    for cpu and ``torch.cuda.mem_get_info`` for cuda. ``None`` when it cannot be known.
-    """
-    limit = os.environ.get(ENV_LIMIT, "").strip()
-    if limit:
-        return parse_size(limit), ENV_LIMIT
-    if device == "cuda":
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                return int(torch.cuda.mem_get_info()[0]), "free GPU memory"
-        except Exception:  # no usable CUDA build: the stage reports the device itself
-            pass
-        return None, "no CUDA device"
-    return _meminfo_available(), "MemAvailable"
-
-
 # --------------------------------------------------------------------------- the check
 
 
@@ -269,45 +215,55 @@ def _fits(config_json: dict, avail: int, **kw: Any) -> tuple[int, int, Estimate]
     return best
 
 
-def check(model_dir: Path, *, dtype: str, device: str, num_samples: int, seq_len: int, algorithm: str) -> dict[str, Any]:
-    """Refuse (``RaipackError``) when the estimate for ``model_dir`` exceeds the available memory.
-
-    Returns the stage report's ``memory`` record. A config.json whose sizes are unknown
-    (another architecture) is not estimated: the record says why and the stage goes on.
-    """
-    model_dir = Path(model_dir)
-    try:
-        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-        est = estimate(cfg, dtype=dtype, device=device, num_samples=num_samples, seq_len=seq_len, algorithm=algorithm)
-    except (OSError, ValueError, TypeError) as exc:  # the stage's own checks report a bad folder
-        return {"estimate_bytes": None, "skipped": str(exc)}
-    avail, source = available(device)
-    record = {"estimate_bytes": est.total, "breakdown": est.breakdown(), "activation_terms": dict(est.terms),
-              "available_bytes": avail, "available_source": source}
-    if avail is None or est.total <= avail:
-        return record
-    kw = {"dtype": dtype, "device": device, "algorithm": algorithm}
+def stage_estimate(cfg: dict, *, dtype: str, device: str, num_samples: int, seq_len: int, algorithm: str) -> MemoryEstimate:
+    """The estimate as the stage registry reports it: bytes, what they count, and the cheaper calibration as the hint."""
+    est = estimate(cfg, dtype=dtype, device=device, num_samples=num_samples, seq_len=seq_len, algorithm=algorithm)
     parts = f"weights {gib(est.weights)} in {dtype}"
     if est.algorithm != "rtn":
         parts += f", calibration activations {gib(est.activations)} for {num_samples} x {seq_len} tokens"
     parts += f", export {gib(est.export)}"
     if est.loading:
         parts += f", loading {gib(est.loading)}"
-    message = (f"{model_dir}: quantizing needs about {gib(est.total)} of memory ({parts}, runtime {gib(est.overhead)}) "
-               f"but only {gib(avail)} is available on {device} ({source})")
+    kw = {"dtype": dtype, "device": device, "algorithm": algorithm, "num_samples": num_samples, "seq_len": seq_len}
+    return MemoryEstimate(est.total, f"{parts}, runtime {gib(est.overhead)}", device, partial(_hint, cfg, est, kw),
+                          {"breakdown": est.breakdown(), "activation_terms": dict(est.terms)})
+
+
+def _hint(cfg: dict, est: Estimate, kw: dict, avail: int) -> str:
+    """A calibration, or a dtype, whose estimate fits in ``avail``."""
     gpu = 'use a GPU ([quantize] device = "cuda" in a --recipe) if you have one'
-    smaller = _fits(cfg, avail, num_samples=num_samples, seq_len=seq_len, **kw) if est.algorithm != "rtn" else None
+    smaller = _fits(cfg, avail, **kw) if est.algorithm != "rtn" else None
     if smaller is not None:
         n, m, e = smaller
-        hint = f"{gpu}, or a smaller calibration: --num-samples {n} --seq-len {m} (which would need {gib(e.total)})"
-    else:
-        alt = ""
-        if dtype == "float32":
-            lighter = _fits(cfg, avail, num_samples=num_samples, seq_len=seq_len, **dict(kw, dtype="bfloat16"))
-            if lighter is not None:
-                n, m, e = lighter
-                calib = "" if est.algorithm == "rtn" else f" with --num-samples {n} --seq-len {m}"
-                alt = f'; [quantize] dtype = "bfloat16"{calib} would need {gib(e.total)}'
-        hint = (f"even the weights with the smallest calibration do not fit in {gib(avail)}: {gpu}, "
-                f"or quantize on a machine with at least {gib(est.total)} free{alt}")
-    raise RaipackError(message, hint)
+        return f"{gpu}, or a smaller calibration: --num-samples {n} --seq-len {m} (which would need {gib(e.total)})"
+    alt = ""
+    if kw["dtype"] == "float32":
+        lighter = _fits(cfg, avail, **dict(kw, dtype="bfloat16"))
+        if lighter is not None:
+            n, m, e = lighter
+            calib = "" if est.algorithm == "rtn" else f" with --num-samples {n} --seq-len {m}"
+            alt = f'; [quantize] dtype = "bfloat16"{calib} would need {gib(e.total)}'
+    return (f"even the weights with the smallest calibration do not fit in {gib(avail)}: {gpu}, "
+            f"or quantize on a machine with at least {gib(est.total)} free{alt}")
+
+
+def check(model_dir: Path, *, dtype: str, device: str, num_samples: int, seq_len: int, algorithm: str) -> dict[str, Any]:
+    """Refuse (``RaipackError``) when the estimate for ``model_dir`` exceeds the available memory.
+
+    Returns the stage report's ``memory`` record. A config.json whose sizes are unknown
+    (another architecture) is not estimated: the record says why and the stage goes on.
+    (A build checks through the registry instead: pipeline/builder/stages.py: memory.)
+    """
+    model_dir = Path(model_dir)
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        est = stage_estimate(cfg, dtype=dtype, device=device, num_samples=num_samples, seq_len=seq_len, algorithm=algorithm)
+    except (OSError, ValueError, TypeError) as exc:  # the stage's own checks report a bad folder
+        return {"estimate_bytes": None, "skipped": str(exc)}
+    avail, source = available(device)
+    record = {"estimate_bytes": est.bytes, **est.details, "available_bytes": avail, "available_source": source}
+    if avail is None or est.bytes <= avail:
+        return record
+    message = (f"{model_dir}: quantizing needs about {gib(est.bytes)} of memory ({est.basis}) "
+               f"but only {gib(avail)} is available on {device} ({source})")
+    raise RaipackError(message, est.hint(avail))

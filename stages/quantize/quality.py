@@ -41,8 +41,9 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def perplexity(model: Any, tokenizer: Any, text: str, max_len: int = 1024, stride: int | None = None) -> float:
-    """Perplexity of ``text`` (exp of mean token NLL), windows of ``max_len`` tokens.
+def perplexity(model: Any, tokenizer: Any, text: str, max_len: int = 1024, stride: int | None = None, max_tokens: int | None = None) -> float:
+    """Perplexity of ``text`` (exp of mean token NLL), windows of ``max_len`` tokens; only its first
+    ``max_tokens`` tokens when given (the probe's token budget).
 
     With ``stride`` < ``max_len`` windows overlap and only the new tokens of each window
     are scored (the usual sliding-window evaluation); by default windows do not overlap.
@@ -53,7 +54,7 @@ def perplexity(model: Any, tokenizer: Any, text: str, max_len: int = 1024, strid
 
     if not text.strip():
         raise RaipackError("perplexity needs a non-empty text", HINT)
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0][:max_tokens]
     if ids.numel() < 2:
         raise RaipackError(f"perplexity needs at least 2 tokens, the text has {ids.numel()}", HINT)
     stride = stride or max_len

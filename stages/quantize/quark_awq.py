@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from raipack.core.errors import RaipackError
+from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.stages.quantize import awq_groups
 from raipack.stages.quantize.preflight import HINT, GroupSize, LmHead, check_source_dir, read_config, resolve_group_size, resolve_lm_head, text_config
 from raipack.stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
-from raipack.stages.quantize.runtime import apply_runtime_settings, peak_rss_bytes, release_memory, reset_peak_rss
+from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory
 
 Progress = Callable[[str, int, int], None]
 

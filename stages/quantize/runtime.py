@@ -4,7 +4,6 @@ and quark are imported) and peak memory measurement."""
 from __future__ import annotations
 
 import os
-import resource
 import sys
 from typing import Any
 
@@ -124,23 +123,3 @@ def release_memory() -> bool:
         (_M_MMAP_THRESHOLD, AFTER_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, AFTER_TRIM_THRESHOLD), (_M_TOP_PAD, AFTER_TOP_PAD)))
     libc.malloc_trim(0)
     return restored
-
-
-def reset_peak_rss() -> bool:
-    try:  # Linux >= 4.0: "5" resets VmHWM, the peak resident set size
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from raipack.core.errors import RaipackError, UsageError
-from raipack.core.stage import Job, Stage
+from raipack.core.stage import Job, MemoryEstimate, Stage
 from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
@@ -26,6 +26,7 @@ class QuantizeConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     max_ppl_increase: float | None = None  # fail when quantized/source perplexity - 1 exceeds this
     quality: bool = True  # measure perplexity and the greedy answer
+    quality_tokens: int = 256  # held-out tokens the perplexity probe scores (the probes' token budget), in `dtype`
 
 
 def run(job: Job) -> dict:
@@ -39,17 +40,17 @@ def run(job: Job) -> dict:
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
         raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
     src = job.inputs["source"]
-    from raipack.stages.quantize.memory import check as check_memory  # refuses, with the numbers, before any weight is loaded
-    memory = check_memory(src, dtype=cfg.dtype, device=cfg.device, num_samples=cfg.num_samples, seq_len=cfg.seq_len, algorithm=cfg.algorithm)
     texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
     report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
                       calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
                       progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head)
-    report["memory"] = memory  # next to the measured peak_rss_bytes
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")
     if cfg.quality:
-        report["quality"] = measure(src, job.workdir, heldout_text())
+        if cfg.quality_tokens < 2:
+            raise UsageError(f"[quantize].quality_tokens is {cfg.quality_tokens}; expected at least 2 (perplexity scores the tokens after the first)",
+                             "set quality_tokens to 256 (the default), or quality = false to skip the probes")
+        report["quality"] = measure(src, job.workdir, heldout_text(), dtype=cfg.dtype, tokens=cfg.quality_tokens)
         ratio = report["quality"]["ppl_increase"]
         if cfg.max_ppl_increase is not None and ratio > cfg.max_ppl_increase:
             q = report["quality"]
@@ -72,17 +73,29 @@ def summary(algorithm: str, report: dict) -> str:
     return text + (f", ppl {q['ppl_source']:.2f} → {q['ppl_quantized']:.2f}" if q else "")
 
 
-def measure(source, quantized, text: str) -> dict:
+def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int = 256) -> dict:
+    """Perplexity on the first `tokens` tokens of `text` (one forward) and the greedy answer, of the source in
+    the stage's `dtype` and of the quantized export as transformers reloads it, its linears dequantized once
+    (Quark's modules dequantize on every call: the greedy decode was most of the probes' time)."""
+    import time
+
+    from raipack.runtime.quark_hf import dequantize_once
     from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
 
+    t0 = time.perf_counter()
     out = {}
     for label, folder in (("source", source), ("quantized", quantized)):
-        model, tok = load_hf(folder)
-        out[f"ppl_{label}"] = round(perplexity(model, tok, text), 4)
+        model, tok = load_hf(folder, dtype=dtype)
+        if label == "quantized":
+            dequantize_once(model)
+        out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
         out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT)
         del model
     out["ppl_increase"] = round(out["ppl_quantized"] / out["ppl_source"] - 1, 4)
     out["prompt"] = PROMPT
+    out["tokens"] = tokens
+    out["dtype"] = dtype
+    out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
 
 
@@ -91,6 +104,17 @@ def preflight(config: QuantizeConfig, target: dict) -> None:
     from raipack.stages.quantize.preflight import resolve_lm_head
 
     resolve_lm_head({}, config.lm_head)
+
+
+def memory(config: QuantizeConfig, model_config: dict | None, target: dict) -> MemoryEstimate:
+    """The estimate from config.json and the options (stages/quantize/memory.py); the runner refuses the stage
+    before it loads anything when it exceeds the free memory. No config.json: ValueError (the registry's allowance)."""
+    from raipack.stages.quantize.memory import stage_estimate
+
+    if model_config is None:
+        raise ValueError("no config.json to estimate from")
+    return stage_estimate(model_config, dtype=config.dtype, device=config.device, num_samples=config.num_samples,
+                          seq_len=config.seq_len, algorithm=config.algorithm)
 
 
 def output_profile(job: Job) -> str:
@@ -108,4 +132,5 @@ STAGE = Stage(
     kind="quark",
     profile_keys=(),  # the release and its tiers do not change this stage's output
     preflight=preflight,
+    memory=memory,
 )

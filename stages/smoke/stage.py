@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from raipack.core.errors import RaipackError
+from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, Stage
 
 PROMPT = "What is the capital of France?"
@@ -27,6 +27,8 @@ class SmokeConfig:
     max_new_tokens: int = 64  # decode steps checked for NaN on the fixed prompt
     tier_new_tokens: int = 4  # decode steps on each prefill-tier prompt
     max_tier: int = 4096  # longest prefill-tier prompt to run (the CPU reference is slow at 16K)
+    tiers: Literal["scaled", "all"] = "scaled"  # scaled: every tier up to all_tiers_up_to, then the largest once; all: every tier
+    all_tiers_up_to: int = 1024
     threads: int | None = None
     perplexity: bool = True  # the package's perplexity on the held-out text (cpu-reference only)
     numerics: Literal["float", "bfp16"] = "float"  # bfp16: perplexity and answer under BFP16 too
@@ -38,15 +40,20 @@ def tier_prompt(tokenizer, length: int) -> list[int]:
     return ids[:length]
 
 
-def prompt_lengths(tiers: list[int], max_prompt: int, max_tier: int, new_tokens: int) -> list[tuple[int, int]]:
+def prompt_lengths(tiers: list[int], max_prompt: int, max_tier: int, new_tokens: int, all_up_to: int | None = None) -> list[tuple[int, int]]:
     """(tier, prompt length) of the prompts checked against the export: one inside each prefill tier
-    up to `max_tier` and the longest prompt, above the tier below; a package without tiers (hybrid:
-    unpadded NPU prefill) gets one prompt as long as it takes with `new_tokens` after it, within `max_tier`."""
+    up to `max_tier` and the longest prompt, above the tier below; with `all_up_to`, only the tiers up to it
+    and the largest one (a long prompt costs the CPU reference and the export quadratic time, and the tiers
+    between share its code path). A package without tiers (hybrid: unpadded NPU prefill) gets one prompt as
+    long as it takes with `new_tokens` after it, within `max_tier`."""
     cap = min(max_tier, max_prompt)
     if not tiers:
         return [(cap, max(1, cap - new_tokens))]
     inside = [t for t in tiers if t <= cap]
-    return [(t, max((inside[i - 1] if i else 0) + 1, t - 3)) for i, t in enumerate(inside)]
+    out = [(t, max((inside[i - 1] if i else 0) + 1, t - 3)) for i, t in enumerate(inside)]
+    if all_up_to is None:
+        return out
+    return [p for i, p in enumerate(out) if p[0] <= all_up_to or i == len(out) - 1]
 
 
 def run(job: Job) -> dict:
@@ -82,7 +89,10 @@ def run(job: Job) -> dict:
                   tokens_match_export=list(main.tokens) == list(expected), ttft_s={str(len(fixed)): round(main.ttft, 4)},
                   decode_tokens_per_s=round(main.decode_tps, 1))
     per_tier = []
-    lengths = prompt_lengths(runtime.prefill_tiers, runtime.max_prompt_length, cfg.max_tier, cfg.tier_new_tokens)
+    if cfg.tiers not in ("scaled", "all"):
+        raise UsageError(f"[smoke].tiers is {cfg.tiers!r}; expected \"scaled\" or \"all\"", "set tiers in the recipe, or --smoke scaled|all")
+    lengths = prompt_lengths(runtime.prefill_tiers, runtime.max_prompt_length, cfg.max_tier, cfg.tier_new_tokens,
+                             None if cfg.tiers == "all" else cfg.all_tiers_up_to)
     with job.progress.task("prefill tiers", len(lengths)) as advance:
         for t, length in lengths:
             ids = tier_prompt(tok, length)

@@ -382,6 +382,31 @@ def test_awq_export_reloads_and_generates(awq_export):
     assert greedy_answer(model, tokenizer, "Hello?", max_new_tokens=4) == expected
 
 
+def test_quality_probe_budget_and_dequantized_reload(awq_export, src_with_extras):
+    """The probes' two savings keep their numbers: the reloaded export's linears dequantized once give the
+    same logits, and the token budget scores exactly the first N held-out tokens (one forward)."""
+    import torch
+
+    from raipack.runtime.quark_hf import dequantize_once
+    from raipack.stages.quantize.quality import load_hf, perplexity
+    from raipack.stages.quantize.stage import measure
+
+    out, record, _ = awq_export
+    model, tokenizer = load_hf(out)
+    ids = tokenizer(HELDOUT.read_text(), return_tensors="pt", add_special_tokens=False).input_ids[:, :24]
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+        assert dequantize_once(model) == record["layers_quantized"]
+        after = model(input_ids=ids).logits
+    assert torch.allclose(before, after, atol=1e-5)
+    with torch.inference_mode():
+        nll = torch.nn.functional.cross_entropy(after[0, :-1].float(), ids[0, 1:])
+    assert perplexity(model, tokenizer, HELDOUT.read_text(), max_len=24, max_tokens=24) == pytest.approx(math.exp(nll.item()), rel=1e-5)
+    q = measure(src_with_extras, out, HELDOUT.read_text(), dtype="bfloat16", tokens=24)
+    assert q["tokens"] == 24 and q["dtype"] == "bfloat16" and math.isfinite(q["ppl_source"]) and math.isfinite(q["ppl_quantized"])
+    assert q["ppl_source"] != pytest.approx(measure(src_with_extras, out, HELDOUT.read_text(), tokens=48)["ppl_source"], rel=1e-6)
+
+
 def test_awq_weights_differ_from_rtn(rtn_export, awq_export, src_with_extras):
     """Same model, same group size: AWQ's activation-aware scaling changes the quantized
     weights and scales of the layers it scales, and folds the scales into the norms before

@@ -280,3 +280,25 @@ def test_sdk_backend_failure_is_one_sentence(tmp_path, monkeypatch):
     monkeypatch.setenv("RAIPACK_MODEL_GENERATE", str(tmp_path / "missing"))
     with pytest.raises(RaipackError, match="not installed"):
         sdk.generate(get("1.8.0-npu-4K"), tmp_path, tmp_path / "o")
+
+
+def test_smoke_runs_the_tiers_up_to_1024_and_the_largest_once():
+    from raipack.npu import profile as profiles
+    from raipack.stages.smoke.stage import prompt_lengths
+
+    tiers = profiles.get("1.8.0-npu-16K")["buckets"]["prefill"]  # 1 ... 4096
+    every = prompt_lengths(tiers, 4096, 4096, 4)
+    scaled = prompt_lengths(tiers, 4096, 4096, 4, all_up_to=1024)
+    assert [t for t, _ in every] == tiers
+    assert [t for t, _ in scaled] == [1, 128, 256, 512, 768, 1024, 4096]
+    assert scaled[-1] == every[-1] == (4096, 4093)  # the largest prompt still lands above the tier below it (3072)
+    assert prompt_lengths(tiers, 4096, 1024, 4, all_up_to=1024) == every[:6]  # max_tier 1024: nothing above to add
+    assert prompt_lengths([], 4096, 4096, 4, all_up_to=1024) == [(4096, 4092)]  # no tiers (hybrid): one prompt, as before
+
+
+def test_smoke_tiers_is_a_recipe_key_checked_by_the_schema():
+    from raipack.builder.recipe import RecipeError, load
+
+    assert load(None, {"smoke.tiers": "all"}).stages["smoke"] == {"tiers": "all"}
+    with pytest.raises(RecipeError, match="tiers"):
+        load(None, {"smoke.tiers": "some"})

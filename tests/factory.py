@@ -483,20 +483,15 @@ def _reference_build() -> Path:
 
 
 def _build_locked(base: str) -> None:
-    import fcntl
+    from helpers import build_once
 
-    base = Path(base)
-    with open(base.parent / f"{base.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if base.is_dir():
-            return
+    def build(work: Path) -> None:
         start = time.perf_counter()
-        work = base.parent / f".{base.name}.partial"
-        shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         build_reference_packages(work)
         write_json(work / "build.json", {"seconds": round(time.perf_counter() - start, 2)})
-        os.rename(work, base)  # the folder exists only complete
+
+    build_once(Path(base), build)
 
 
 def build_reference_packages(out: Path, d: Dims = TINY) -> None:

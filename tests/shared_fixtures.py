@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from factory import REFERENCE_DIR_ENV, make_package, reference_key, reference_package
+from helpers import build_once
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -251,19 +252,7 @@ def tiny_quark(tmp_path_factory) -> TinyQuark:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return build_tiny_quark(tmp_path_factory.mktemp("export-tiny"))
-    import fcntl
-
-    root = tmp_path_factory.getbasetemp().parent / "export-tiny-shared"
-    with open(str(root) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "done").exists():
-            if root.exists():
-                import shutil
-
-                shutil.rmtree(root)
-            build_tiny_quark(root)
-            (root / "done").write_text("ok")
-    return _load_tiny(root)
+    return _load_tiny(build_once(tmp_path_factory.getbasetemp().parent / "export-tiny-shared", build_tiny_quark))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from factory import reference_export, reference_package
+from helpers import run_cli
 from raipack.core.errors import RaipackError
 
 pytest.importorskip("lm_eval", reason="lm-eval (raipack's eval extra) is not installed")
@@ -87,25 +88,6 @@ def tasks(tmp_path_factory, build_parts):
     return write_tasks(tmp_path_factory.mktemp("eval-tasks") / "tasks", build_parts[0])
 
 
-class Ran:
-    def __init__(self, code, out, err):
-        self.exit_code, self.output, self.stderr = code, out, err
-
-
-def cli(*args) -> Ran:
-    """`raipack eval ARGS` in this process, through main() (the error sentence and exit code)."""
-    import contextlib
-    import io
-
-    from raipack.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.raises(SystemExit) as done, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        main(["eval", *map(str, args)])
-    out, err = out.getvalue(), err.getvalue()
-    return Ran(done.value.code, out, err)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, build_parts, tasks):
     """(export results from the API, package results from the CLI's --output file, the CLI's stdout)."""
@@ -114,9 +96,9 @@ def runs(tmp_path_factory, build_parts, tasks):
     oga, pkg = build_parts
     export = evaluate(oga, Request(ALL, include_path=tasks))
     out = tmp_path_factory.mktemp("eval-out") / "eval.json"
-    res = cli(pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "-o", out)
-    assert res.exit_code == 0, res.output
-    return export, json.loads(out.read_text()), res.output
+    res = run_cli(None, "eval", pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "-o", out)
+    assert res.code == 0, res.out
+    return export, json.loads(out.read_text()), res.out
 
 
 def test_export_and_package_give_identical_scores(runs):
@@ -186,10 +168,10 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, tasks, b
     (tmp_path / "x.jsonl").write_text("{}\n")
     target = tmp_path if case == "not-a-target" else build_parts[1]
     out = tmp_path / "out.json"
-    res = cli(target, "--tasks", "no_such_task" if case == "unknown-task" else "tiny_mc", "--include-path", folder, "-o", out)
-    assert res.exit_code == 2, res.stderr
-    assert expect in res.stderr
-    assert res.stderr.count("ERROR:") == 1 and "Traceback" not in res.stderr and res.output == ""
+    res = run_cli(None, "eval", target, "--tasks", "no_such_task" if case == "unknown-task" else "tiny_mc", "--include-path", folder, "-o", out)
+    assert res.code == 2, res.err
+    assert expect in res.err
+    assert res.err.count("ERROR:") == 1 and "Traceback" not in res.err and res.out == ""
     assert not out.exists() and not list(tmp_path.rglob("*.pwned")) and not list(Path.cwd().glob("*.pwned"))
 
 

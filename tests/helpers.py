@@ -35,6 +35,9 @@ def open_in_chromium(page: Path, out: Path) -> tuple[Path, str, list[str]]:
     """Open `page` in Debian's headless chromium once: (screenshot, the DOM after load, the console lines).
 
     `make test` installs chromium when missing; without it this fails, unless RAIPACK_NO_BROWSER=1 says to skip."""
+    from tiers import refuse_in_quick_tier
+
+    refuse_in_quick_tier("open_in_chromium (tests/helpers.py)")
     exe = shutil.which("chromium")
     if exe is None:
         if os.environ.get("RAIPACK_NO_BROWSER") == "1":

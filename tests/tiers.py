@@ -30,7 +30,9 @@ QUICK = "not (slow or seeds or fuzz or builds or ray or browser)"
 EVIDENCE = {  # regular expressions over code (docstrings left out)
     "builds": re.compile(r"reference_package|reference_export|reference_build|model_package\(|make_tiny_model|build_tiny_quark|make_tiny_llama"
                          r"|['\"](reference-(\d|4K|16K)|ort-model-package)"  # a reference or model-package profile's id: its packages are built (tests/factory.py)
-                         r"|fake_stages|FAKES"),  # the fake stages write copies of the reference-16K package
+                         r"|fake_stages|FAKES"  # the fake stages write copies of the reference-16K package
+                         r"|import_quark\(|from quark|import quark"  # importing Quark may compile its C++ extension (minutes with an empty HOME)
+                         r"|convert_gguf_to_hf|AutoModelForCausalLM|ForCausalLM\(|runner import build|write_bf16_safetensors"),  # a model made or converted
     "ray": re.compile(r"['\"]ray['\"]|RayExecutor|ray_executor|import ray"),
     "browser": re.compile(r"open_in_chromium"),
 }

@@ -1,7 +1,9 @@
 # raipack — every target creates the virtual environment itself on first use.
 #   make demo   build the example package (SmolLM2-135M-Instruct) end to end
 #   make test   run every test, including one end-to-end build of the example model
+#   make check  the quick tier, under 3 minutes: lint, import contracts, mypy, the tests that build nothing
 #   make lint   only the layer contracts and ruff (make test runs them too, in tests/test_layers.py)
+#   make docs   the documentation site in build/site (mkdocs --strict; make test builds it too)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +13,7 @@ STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
-.PHONY: demo test test-fast lint chromium validate-light bench bench-zoo bench-real constraints clean distclean
+.PHONY: demo test test-fast check typecheck docs lint chromium validate-light bench bench-zoo bench-real constraints clean distclean
 
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside
@@ -73,6 +75,22 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(PY) tests/import_view.py
 	$(VENV)/bin/ruff check --no-cache
+
+typecheck: $(STAMP)
+	$(PY) tests/typecheck.py
+
+# The quick tier: everything but the tests that build a model or package, start Ray or a browser
+# (markers set by tests/tiers.py; in this tier a test that builds anyway fails, naming the marker).
+# mypy runs once, here, not again through tests/test_types.py.
+QUICK := not (slow or seeds or fuzz or builds or ray or browser)
+check: $(STAMP)
+	$(PY) tests/import_view.py
+	$(VENV)/bin/ruff check --no-cache
+	$(PY) tests/typecheck.py
+	RAIPACK_TEST_TIER=check $(PY) -P -m pytest -n $(JOBS) -q -p no:cacheprovider --durations=10 -m "$(QUICK)" --deselect tests/test_types.py::test_mypy_is_clean --max-worker-restart 0 $(GUARD)$(TEST_LIMIT)
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 bench: $(STAMP)
 	$(PY) bench/run.py

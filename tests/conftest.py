@@ -4,10 +4,18 @@ pythonpath, so tests import factory, helpers and shared_fixtures by name."""
 
 import pytest
 
+import tiers
+
 pytest_plugins = ["shared_fixtures"]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    tiers.mark(items)  # builds / ray / browser, before -m deselects (tests/tiers.py)
+    _xdist_groups(config, items)
+
+
+def _xdist_groups(config, items):
     """`--dist loadgroup` keeps an `xdist_group` on one worker by suffixing its tests' node ids with
     `@<group>` on the worker. pytest-xdist 3.8 does that by setting `item._nodeid`, which pytest 9
     no longer reads (a node id lives in `item._id`), so every group was spread over both workers and

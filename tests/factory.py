@@ -482,6 +482,9 @@ def reference_key() -> str:
 def _reference_build() -> Path:
     base = Path(os.environ.get(REFERENCE_DIR_ENV) or Path(tempfile.gettempdir()) / f"raipack-test-reference-{os.getuid()}" / reference_key())
     if not base.is_dir():
+        from tiers import refuse_in_quick_tier
+
+        refuse_in_quick_tier("the reference packages (tests/factory.py)")
         base.parent.mkdir(parents=True, exist_ok=True)
         # the child takes the lock and finishes even if this process is killed meanwhile
         proc = subprocess.run([sys.executable, "-c", "import sys, factory; factory._build_locked(sys.argv[1])", str(base)],
@@ -493,20 +496,15 @@ def _reference_build() -> Path:
 
 
 def _build_locked(base: str) -> None:
-    import fcntl
+    from helpers import build_once
 
-    base = Path(base)
-    with open(base.parent / f"{base.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if base.is_dir():
-            return
+    def build(work: Path) -> None:
         start = time.perf_counter()
-        work = base.parent / f".{base.name}.partial"
-        shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         build_reference_packages(work)
         write_json(work / "build.json", {"seconds": round(time.perf_counter() - start, 2)})
-        os.rename(work, base)  # the folder exists only complete
+
+    build_once(Path(base), build)
 
 
 def build_reference_packages(out: Path, d: Dims = TINY) -> None:

@@ -1,12 +1,17 @@
-"""Small helpers the tests share for editing generated packages."""
+"""Small helpers the tests share: editing generated packages, the in-process CLI, building a
+shared fixture once under a file lock."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -30,6 +35,9 @@ def open_in_chromium(page: Path, out: Path) -> tuple[Path, str, list[str]]:
     """Open `page` in Debian's headless chromium once: (screenshot, the DOM after load, the console lines).
 
     `make test` installs chromium when missing; without it this fails, unless RAIPACK_NO_BROWSER=1 says to skip."""
+    from tiers import refuse_in_quick_tier
+
+    refuse_in_quick_tier("open_in_chromium (tests/helpers.py)")
     exe = shutil.which("chromium")
     if exe is None:
         if os.environ.get("RAIPACK_NO_BROWSER") == "1":
@@ -43,11 +51,51 @@ def open_in_chromium(page: Path, out: Path) -> tuple[Path, str, list[str]]:
     return shot, run.stdout, [x for x in run.stderr.splitlines() if ":CONSOLE" in x]
 
 
-def run_cli(capsys, *args):
-    """`raipack ARGS` in this process: (exit code, stdout, stderr)."""
+class Ran(NamedTuple):
+    code: int | str | None
+    out: str
+    err: str
+
+
+def run_cli(capsys, *args) -> Ran:
+    """`raipack ARGS` in this process, through main() (the error sentence and the exit code): (exit
+    code, stdout, stderr). With capsys None the output is captured here, for fixtures wider than a
+    test, which cannot take capsys. The one in-process runner of the tests."""
     from raipack.cli import main
 
+    argv = list(map(str, args))
+    if capsys is None:
+        out, err = io.StringIO(), io.StringIO()
+        with pytest.raises(SystemExit) as info, redirect_stdout(out), redirect_stderr(err):
+            main(argv)
+        return Ran(info.value.code, out.getvalue(), err.getvalue())
     with pytest.raises(SystemExit) as info:
-        main(list(map(str, args)))
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+        main(argv)
+    captured = capsys.readouterr()
+    return Ran(info.value.code, captured.out, captured.err)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created, with its folder) while the block runs: one process at a
+    time across the pytest-xdist workers and their children; the kernel drops it when its holder dies."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """`folder`, built by `build(partial)` into a partial folder the first time any process asks, then
+    renamed into place: it exists only complete. The other processes wait on `<folder>.lock` and reuse
+    it; a build killed midway leaves only the partial folder, which the next one removes first."""
+    folder = Path(folder)
+    with locked(folder.parent / f"{folder.name}.lock"):
+        if not folder.is_dir():
+            partial = folder.parent / f".{folder.name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            build(partial)
+            os.rename(partial, folder)
+    return folder

@@ -30,6 +30,9 @@ def tiny_config(family: str) -> dict:
 
 
 def make_tiny_model(family: str, out_dir: Path, *, train_steps: int = 60, seed: int = 0) -> Path:
+    from tiers import refuse_in_quick_tier
+
+    refuse_in_quick_tier(f"make_tiny_model({family!r}) (tests/seed_models.py)")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 

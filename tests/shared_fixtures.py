@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from factory import REFERENCE_DIR_ENV, make_package, reference_key, reference_package
+from helpers import build_once
+from tiers import refuse_in_quick_tier
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -139,6 +141,7 @@ def train_bpe_tokenizer(out_dir: Path, vocab_size: int = 512, text: str | None =
 
 def make_tiny_llama(out_dir: Path, *, hidden: int = 256, intermediate: int = 512, layers: int = 2) -> Path:
     """A random Llama (4 heads, 2 KV heads, untied head) with a tokenizer trained on the calibration corpus."""
+    refuse_in_quick_tier("make_tiny_llama (tests/shared_fixtures.py)")
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -194,6 +197,7 @@ def build_tiny_quark(root: Path, *, tied: bool = True, train_steps: int = 40) ->
     """A tiny Llama (2 layers, hidden 256, intermediate 512, 4 heads / 2 KV heads, tied embeddings like
     SmolLM2) trained for a few dozen steps on TRAIN_TEXT so its next-token distributions are peaked
     (greedy comparisons are then meaningful), quantized by Quark and exported: root/fp, root/quark."""
+    refuse_in_quick_tier("build_tiny_quark (tests/shared_fixtures.py)")
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -251,19 +255,7 @@ def tiny_quark(tmp_path_factory) -> TinyQuark:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return build_tiny_quark(tmp_path_factory.mktemp("export-tiny"))
-    import fcntl
-
-    root = tmp_path_factory.getbasetemp().parent / "export-tiny-shared"
-    with open(str(root) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "done").exists():
-            if root.exists():
-                import shutil
-
-                shutil.rmtree(root)
-            build_tiny_quark(root)
-            (root / "done").write_text("ok")
-    return _load_tiny(root)
+    return _load_tiny(build_once(tmp_path_factory.getbasetemp().parent / "export-tiny-shared", build_tiny_quark))
 
 
 @pytest.fixture(scope="session")

@@ -16,11 +16,11 @@ import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from helpers import build_once, locked
 from raipack.builder.recipe import load
 from raipack.builder.runner import build
 from raipack.npu import profile as profiles
@@ -58,16 +58,6 @@ def by_family(cases, known: dict | None = None):
         [pytest.mark.xfail(strict=True, reason=known[case])] if case in (known or {}) else [])) for case in cases]
 
 
-@contextmanager
-def locked(path: Path):
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """(family, profile) → BuildResult, built on first use. The tiny model and the stage cache of a
@@ -83,9 +73,7 @@ def built(tmp_path_factory):
         if (family, profile_id) not in out:
             with locked(shared / f"{family}.lock"):
                 start = time.perf_counter()
-                model = shared / "models" / family
-                if not (model / "config.json").is_file():
-                    make_tiny_model(family, shared / "models" / f".{family}.partial", train_steps=40).rename(model)
+                model = build_once(shared / "models" / family, lambda partial: make_tiny_model(family, partial, train_steps=40))
                 made = time.perf_counter() - start
                 recipe = load(None, {"model": str(model), "name": model_name(family), "profile": profile_id,
                                      "output": str(own / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64, "quantize.quality": False,

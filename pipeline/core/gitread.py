@@ -199,10 +199,11 @@ class Repo:
                 names = []
             for name in names:
                 idx = self.open(f"objects/pack/{name}")
-                pack = self.open(f"objects/pack/{name[:-4]}.pack") if idx is not None else None
+                if idx is None:
+                    continue
+                pack = self.open(f"objects/pack/{name[:-4]}.pack")
                 if pack is None:
-                    if idx is not None:
-                        os.close(idx)
+                    os.close(idx)
                     continue
                 try:
                     self._packs.append(_Pack(name, idx, pack, self.hashlen))
@@ -276,7 +277,7 @@ class _Pack:
                 shift, pos = shift + 7, pos + 1
                 if shift > 70:
                     raise IndexError
-            base = None
+            base: int | bytes | None = None
             if kind == OFS_DELTA:
                 back, pos = _varint(raw, pos)
                 base = offset - back

@@ -10,14 +10,14 @@ descriptors), stopping as soon as a limit is passed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 
 @dataclass
 class Counts:
     fields: int = 0  # every field of every message, at any depth
-    messages: dict | None = None  # full message name → how many were seen (the root not included)
+    messages: dict[str, int] = field(default_factory=dict)  # full message name → how many were seen (the root not included)
     over: str | None = None  # "fields", or the message name whose limit was passed
     malformed: bool = False  # not valid wire format (the real parser says why)
 
@@ -52,7 +52,7 @@ def count(raw: bytes, descriptor, max_fields: int, max_messages: dict[str, int] 
     `max_messages` is passed."""
     table = _children(descriptor)
     limits = max_messages or {}
-    out = Counts(messages={})
+    out = Counts()
     seen = out.messages
     stack = [(descriptor.full_name, 0, len(raw))]
     buf = memoryview(raw)

@@ -201,7 +201,7 @@ def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
                     raise
 
         saved = cpp_extension.FileBaton
-        cpp_extension.FileBaton = BoundedBaton
+        cpp_extension.FileBaton = BoundedBaton  # type: ignore[misc]  # torch's lock class, replaced for this one import
         try:
             return importlib.import_module("quark.torch")
         except Exception as exc:
@@ -213,4 +213,4 @@ def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
             raise RaipackError(f"AMD Quark's C++ extension could not be compiled or loaded in {build_dir}: {first}",
                                f"check that a C++ compiler and ninja work, or delete {build_dir} and build again") from None
         finally:
-            cpp_extension.FileBaton = saved
+            cpp_extension.FileBaton = saved  # type: ignore[misc]

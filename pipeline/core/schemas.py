@@ -32,7 +32,7 @@ from raipack.core.errors import RaipackError, UsageError
 try:
     import jsonschema_rs
 except ImportError:  # no wheel for this platform: jsonschema alone gives the verdicts
-    jsonschema_rs = None
+    jsonschema_rs = None  # type: ignore[assignment]  # the module or None: every use checks which
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator

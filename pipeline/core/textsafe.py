@@ -75,8 +75,8 @@ def safe_tree(value, limit: int = LIMIT, markup: bool = False, depth: int = 0):
             if more > 0:
                 out["…"] = f"{more} more"
             return out
-        out = [safe_tree(v, limit, markup, depth + 1) for v in items]
-        return out + [f"…({more} more)"] if more > 0 else out
+        seq = [safe_tree(v, limit, markup, depth + 1) for v in items]
+        return seq + [f"…({more} more)"] if more > 0 else seq
     return value
 
 

@@ -43,7 +43,8 @@ def _tname(dt: int) -> str:
     return _TYPE_NAMES.get(dt, str(dt)).lower()
 
 
-def _vinfo(v) -> tuple[int, list]:
+def _vinfo(v) -> tuple[int, list | None]:
+    """(element type, dims: an int, a symbol or None each; None without a shape)."""
     t = v.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim] if t.HasField("shape") else None
     return t.elem_type, dims
@@ -71,14 +72,14 @@ def io_contract(model: ModelProto, genai: dict) -> list[Finding]:
                    "re-run the export; the builder writes num_hidden_layers, num_key_value_heads and head_size")]
     io = _GraphIO(model, dec.get("inputs") or {}, dec.get("outputs") or {})
     out = _named_io(io) + _id_dtypes(io)
-    pk, pv = io.cfg_in.get("past_key_names"), io.cfg_in.get("past_value_names")
-    ok, ov = io.cfg_out.get("present_key_names"), io.cfg_out.get("present_value_names")
-    patterns = [(pk, io.g_in), (pv, io.g_in), (ok, io.g_out), (ov, io.g_out)]
-    if not all(isinstance(p, str) and "%d" in p for p, _ in patterns):
+    pk, pv = _layer_pattern(io.cfg_in, "past_key_names"), _layer_pattern(io.cfg_in, "past_value_names")
+    ok, ov = _layer_pattern(io.cfg_out, "present_key_names"), _layer_pattern(io.cfg_out, "present_value_names")
+    if pk is None or pv is None or ok is None or ov is None:
         out.append(_f("export.io", "genai_config.json#/model/decoder",
                       "genai_config.json lacks past_key_names/past_value_names/present_key_names/present_value_names with a %d",
                       "re-export; the builder writes 'past_key_values.%d.key' and 'present.%d.key' style names"))
         return out
+    patterns = [(pk, io.g_in), (pv, io.g_in), (ok, io.g_out), (ov, io.g_out)]
     kv_dtypes: dict[str, int] = {}
     missing: dict[str, list[tuple[str, int]]] = {"input": [], "output": []}
     for pattern, src in patterns:
@@ -88,6 +89,12 @@ def io_contract(model: ModelProto, genai: dict) -> list[Finding]:
     out += _undeclared_inputs(io) + _logits_vocab(io, genai)
     out.extend(_attention_heads(model, dims.kv_heads, q_heads, dims.head_size))
     return out
+
+
+def _layer_pattern(cfg: dict, key: str) -> str | None:
+    """A per-layer name of genai_config.json's inputs or outputs ('past_key_values.%d.key'), None when absent or without its %d."""
+    value = cfg.get(key)
+    return value if isinstance(value, str) and "%d" in value else None
 
 
 class _Dims(NamedTuple):
@@ -132,7 +139,7 @@ def _id_dtypes(io: _GraphIO) -> list[Finding]:
     out = []
     for key in ("input_ids", "attention_mask", "position_ids"):
         name = io.cfg_in.get(key)
-        if name in io.g_in and io.g_in[name][0] not in _INT_TYPES:
+        if isinstance(name, str) and name in io.g_in and io.g_in[name][0] not in _INT_TYPES:
             out.append(_f("export.io", name, f"graph input '{name}' is {_tname(io.g_in[name][0])}, expected int64 or int32",
                           "re-export with the model builder; OGA feeds integer ids and masks"))
     if "input_ids" not in io.cfg_in and "inputs_embeds" not in io.cfg_in:

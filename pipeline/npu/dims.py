@@ -3,6 +3,7 @@ hidden size, vocabulary), each with the file and JSON pointer it came from."""
 
 from __future__ import annotations
 
+from raipack.npu.genai import table
 from raipack.npu.settings import as_count as _count
 
 GENAI = "genai_config.json"
@@ -18,9 +19,8 @@ def model_dims(genai, model_config) -> dict[str, dict[str, tuple[int, str, str]]
         if v is not None:
             out.setdefault(dim, {})[label] = (v, file, pointer)
 
-    g = genai if isinstance(genai, dict) else {}
-    model = g.get("model") if isinstance(g.get("model"), dict) else {}
-    dec = model.get("decoder") if isinstance(model.get("decoder"), dict) else {}
+    model = table(genai, "model")
+    dec = table(model, "decoder")
     for dim, key in (("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"), ("head_size", "head_size"), ("hidden", "hidden_size")):
         put(dim, "genai_config", dec.get(key), GENAI, f"/model/decoder/{key}")
     put("vocab", "genai_config", model.get("vocab_size"), GENAI, "/model/vocab_size")
@@ -40,7 +40,8 @@ def text_config(model_config) -> dict:
     sizes there (no `hidden_size` of its own), else the document itself ({} for anything that is not
     an object). The one rule for quantize, export, the checks and the runtime."""
     cfg = model_config if isinstance(model_config, dict) else {}
-    return cfg["text_config"] if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg
+    text = cfg.get("text_config")
+    return text if "hidden_size" not in cfg and isinstance(text, dict) else cfg
 
 
 def parameter_count(model_config) -> int:

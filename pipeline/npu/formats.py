@@ -27,7 +27,7 @@ import json
 import math
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 MAGIC = b"RAIPKNPU"
@@ -201,6 +201,10 @@ def put_bytes(fd: int, data, at: int, source: tuple[int, int] | None = None) -> 
         done += os.pwrite(fd, mv[done:], at + done)
 
 
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 class WeightsWriter:
     """Writes model.bin: places tensors at `alignment`-byte boundaries (the gaps are holes, read as
     zero bytes) and hashes them on a thread pool while the next one is written (hashlib and file
@@ -212,7 +216,7 @@ class WeightsWriter:
         self.fh = open(self.path, "wb", buffering=0)
         self.pos = 0
         self.entries: dict[str, dict] = {}
-        self._futures = []
+        self._futures: list[tuple[dict, Future[str]]] = []
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers))
 
     def add(self, name: str, data, dtype: str, shape, source: tuple[int, int] | None = None) -> dict:
@@ -226,7 +230,7 @@ class WeightsWriter:
         self.pos = start + mv.nbytes
         entry = {"name": name, "offset": start, "size": mv.nbytes, "dtype": dtype, "shape": [int(d) for d in shape], "sha256": ""}
         self.entries[name] = entry
-        self._futures.append((entry, self._pool.submit(lambda m=mv: hashlib.sha256(m).hexdigest())))
+        self._futures.append((entry, self._pool.submit(_sha256, mv)))
         return entry
 
     def close(self) -> int:

@@ -11,7 +11,8 @@ def ryzenai_options(genai) -> tuple[dict, dict]:
     `provider_options[i].RyzenAI`; 1.3/1.6 in `session_options` and its
     `config_entries`.
     """
-    opts, where = {}, {}
+    opts: dict[str, object] = {}
+    where: dict[str, str] = {}
     session = _get(genai, "model", "decoder", "session_options")
     if not isinstance(session, dict):
         return opts, where
@@ -37,6 +38,13 @@ def provider_names(genai) -> list[str]:
     if not isinstance(providers, list):
         return []
     return [name for block in providers if isinstance(block, dict) for name in block]
+
+
+def table(doc, key: str) -> dict:
+    """doc[key] when doc and it are JSON objects, else an empty one (a mistyped value is the schema
+    checks' finding, not a crash here)."""
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, dict) else {}
 
 
 def _get(doc, *keys):

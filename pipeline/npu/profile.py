@@ -139,7 +139,8 @@ def condition_holds(pkg: Package, cond: dict) -> bool:
 def built_by_raipack(pkg: Package) -> Detection | None:
     """The reference profile whose markers hold: manifest.json says raipack built this package, and
     for which target. Such a package must carry raipack's own NPU formats (RP901 holds it to that)."""
-    best, best_conds = None, []
+    best: dict | None = None
+    best_conds: list[dict] = []
     for prof in all_profiles().values():
         conds = prof["detect"]["content"]
         if target_of(prof) is Target.REFERENCE and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):

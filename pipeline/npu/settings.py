@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from raipack.core.errors import RaipackError
-from raipack.npu.genai import ryzenai_options
+from raipack.npu.genai import ryzenai_options, table
 
 SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on
 INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"  # set by AMD's installer, ends in the version
@@ -177,13 +177,23 @@ class NpuSettings:
 
     def prompt_cap(self, n: int) -> int:
         """The longest prompt the package serves of a Ryzen AI version that takes `n` tokens: within
-        max_length, and within the largest prefill tier unless prompts run in chunks."""
-        n = min(n, self.max_length)
-        return n if self.chunked else min(n, self.largest_pass())
+        max_length, and within the largest prefill tier unless prompts run in chunks (a length the
+        package does not set caps nothing)."""
+        if self.max_length is not None:
+            n = min(n, self.max_length)
+        largest = self.largest_pass()
+        return n if self.chunked or largest is None else min(n, largest)
+
+    def known_max_length(self) -> int:
+        """search.max_length, which what the fuse stage writes is derived from."""
+        if self.max_length is None:
+            raise SettingsError("search.max_length is not set, so the NPU options and tiers cannot be derived", "set search.max_length in genai_config.json or the profile")
+        return self.max_length
 
     def build_values(self) -> dict:
         """The values a profile's option templates ("{npu_seq}", "{max_length}", ...) are filled with."""
-        return {"max_length": self.max_length, "max_length_pow2": pow2_floor(self.max_length), "npu_seq": self.npu_seq,
+        max_length = self.known_max_length()
+        return {"max_length": max_length, "max_length_pow2": pow2_floor(max_length), "npu_seq": self.npu_seq,
                 "chunked": "1" if self.chunked else "0"}
 
     def provider_options(self, profile: dict) -> dict:
@@ -195,7 +205,7 @@ class NpuSettings:
         """The fuse report's `lengths`."""
         return {"max_length": self.max_length, "prefill": self.prefill, "token": self.token, "chunk_size": self.chunk_size,
                 "chunked": self.chunked, "max_prompt_length": self.max_prompt, "npu_seq": self.npu_seq,
-                "max_length_pow2": pow2_floor(self.max_length)}
+                "max_length_pow2": pow2_floor(self.known_max_length())}
 
     # ---- built from a package's files
 
@@ -203,12 +213,9 @@ class NpuSettings:
     def from_configs(cls, genai, rai_config, prefill=(), token=()) -> "NpuSettings":
         """The settings genai_config.json and rai_config.json give (ints where they are set; a
         mistyped value reads as None, the schema checks report it), with the compiled tiers."""
-        g = genai if isinstance(genai, dict) else {}
-        search = g.get("search") if isinstance(g.get("search"), dict) else {}
-        model = g.get("model") if isinstance(g.get("model"), dict) else {}
+        search, model = table(genai, "search"), table(genai, "model")
         opts, _ = ryzenai_options(genai)
-        rai = rai_config if isinstance(rai_config, dict) else {}
-        mpl = rai.get("max_prompt_length") if isinstance(rai.get("max_prompt_length"), dict) else {}
+        mpl = table(rai_config, "max_prompt_length")
         return cls(max_length=as_count(search.get("max_length")), chunk_size=as_count(search.get("chunk_size")),
                    context_length=as_count(model.get("context_length")), kv_cache=as_count(opts.get("max_length_for_kv_cache")),
                    npu_seq=as_count(opts.get("hybrid_opt_max_seq_length")), chunked=str(opts.get("hybrid_opt_chunk_context", "0")) == "1",

@@ -15,22 +15,15 @@ import pytest
 
 from factory import reference_export, reference_package
 from fake_machine import fake_machine
+from helpers import run_cli
 from raipack.benchmark import Plan, Runs, bench, find_export, make_plan, npu_ready, parse_lengths
 from raipack.benchmark.render import as_csv, as_text
-from raipack.cli import main
 from raipack.core.errors import UsageError
 from raipack.runtime.prompts import Tokens, defaults, read_lines
 from raipack.validate import validate
 
 RAIPACK = str(Path(sys.executable).with_name("raipack"))
 NO_NPU = ("RYZENAI_EP_PATH", "RYZEN_AI_INSTALLATION_PATH")
-
-
-def cli(args, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +116,7 @@ def test_a_backend_that_fails_is_one_sentence():
                                               ("reference-4K", "4096", "is too long to add 4 generated tokens within the package's maximum length of 4096")])
 def test_length_over_the_limit_exit_2_nothing_written(pid, asked, why, tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code, stdout, err = cli(["bench", str(reference_package(pid)), "-l", asked, "-g", "4", "--format", "json", "-o", str(out)], capsys)
+    code, stdout, err = run_cli(capsys, "bench", reference_package(pid), "-l", asked, "-g", "4", "--format", "json", "-o", out)
     assert code == 2 and not out.exists() and stdout == ""
     assert err.splitlines()[0] == f"ERROR: prompt length {asked.split(',')[-1]} {why}"
     assert len(err.splitlines()) == 2 and err.splitlines()[1].startswith("  hint: ")
@@ -140,7 +133,7 @@ def test_backend_npu_is_refused_on_this_machine(tmp_path, capsys, monkeypatch):
     for name in NO_NPU:
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "b.json"
-    code, stdout, err = cli(["bench", str(reference_package("reference-16K")), "--backend", "npu", "-l", "32", "-o", str(out)], capsys)
+    code, stdout, err = run_cli(capsys, "bench", reference_package("reference-16K"), "--backend", "npu", "-l", "32", "-o", out)
     assert code == 1 and not out.exists()
     assert err.splitlines()[0] == ("ERROR: --backend npu cannot run on this machine: no RyzenAI provider library found: RYZENAI_EP_PATH is not set "
                                    "and RYZEN_AI_INSTALLATION_PATH is not set (the current folder is never searched)")
@@ -237,8 +230,8 @@ def test_bench_numerics_plans_one_reference_row_per_numerics_and_refuses_other_n
 
 def test_bench_bfp16_row_runs_for_real(capsys):
     pytest.importorskip("quark", reason="--numerics bfp16 needs amd-quark (raipack's build extra)")
-    code, out, err = cli(["bench", str(reference_package("reference-4K")), "--backend", "reference", "--numerics", "float,bfp16",
-                          "-l", "32", "-g", "4", "--runs", "1", "--warmup", "0", "--format", "json"], capsys)
+    code, out, err = run_cli(capsys, "bench", reference_package("reference-4K"), "--backend", "reference", "--numerics", "float,bfp16",
+                             "-l", "32", "-g", "4", "--runs", "1", "--warmup", "0", "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
     rows = {r["backend"]: r for r in doc["rows"]}

@@ -12,9 +12,8 @@ import pytest
 
 from factory import lfs_pointer_text
 from fake_machine import fake_machine
-from helpers import edit_json
+from helpers import edit_json, run_cli
 from raipack import doctor, machine
-from raipack.cli.main import main
 from raipack.npu.settings import INSTALL_ENV
 from raipack.runtime import probes
 from raipack.runtime.provider import EP_ENV, LIBRARY
@@ -24,13 +23,6 @@ from raipack.runtime.provider import EP_ENV, LIBRARY
 def no_provider_env(monkeypatch):
     monkeypatch.delenv(EP_ENV, raising=False)
     monkeypatch.delenv(INSTALL_ENV, raising=False)
-
-
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        main(["doctor", *args])
-    out = capsys.readouterr()
-    return exit_.value.code, out.out, out.err
 
 
 def codes(report) -> set[str]:
@@ -56,7 +48,7 @@ def test_this_machine_says_no_npu_and_no_provider(make_pkg, capsys, no_provider_
     """The real environment, nothing faked: no NPU, no RyzenAI provider library; exit 1, and the
     package's release and the runtime it needs are named."""
     npu_here = Path("/sys/module/amdxdna").is_dir() and any(Path("/dev/accel").glob("accel*"))
-    code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
+    code, out, _ = run_cli(capsys, "doctor", str(make_pkg("1.8.0-npu-16K")))
     assert code == 1
     assert ("DR001" in out) is not npu_here and ("no NPU here" in out) is not npu_here
     assert "ERROR DR005: no RyzenAI provider library found" in out and "fix:" in out
@@ -68,7 +60,7 @@ def test_this_machine_says_no_npu_and_no_provider(make_pkg, capsys, no_provider_
 
 
 def test_json_shape(capsys, no_provider_env):
-    code, out, _ = run_cli(capsys, "--format", "json")
+    code, out, _ = run_cli(capsys, "doctor", "--format", "json")
     doc = json.loads(out)
     assert code == 1 and doc["ready"] is False and doc["package"] is None
     assert set(doc) == {"ready", "environment", "package", "findings"}
@@ -82,14 +74,14 @@ def test_no_package_there_is_exit_3(tmp_path, capsys, where):
     path = {"missing": tmp_path / "nothing", "empty": tmp_path, "file": tmp_path / "f.txt"}[where]
     if where == "file":
         path.write_text("x")
-    code, out, err = run_cli(capsys, str(path))
+    code, out, err = run_cli(capsys, "doctor", str(path))
     assert code == 3 and out == "" and err.startswith("ERROR: ") and "hint:" in err and "Traceback" not in err
 
 
 # -- a ready machine (fakes), and each package fault against it --------------------------------------
 
 def test_a_clean_package_on_a_ready_machine_is_ready(make_pkg, ready_machine, capsys):
-    code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
+    code, out, _ = run_cli(capsys, "doctor", str(make_pkg("1.8.0-npu-16K")))
     assert code == 0 and "ready: this package should run here" in out and "ERROR" not in out, out
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from factory import reference_export, reference_package
+from helpers import run_cli
 from raipack.core.errors import RaipackError
 
 pytest.importorskip("lm_eval", reason="lm-eval (raipack's eval extra) is not installed")
@@ -87,25 +88,6 @@ def tasks(tmp_path_factory, build_parts):
     return write_tasks(tmp_path_factory.mktemp("eval-tasks") / "tasks", build_parts[0])
 
 
-class Ran:
-    def __init__(self, code, out, err):
-        self.exit_code, self.output, self.stderr = code, out, err
-
-
-def cli(*args) -> Ran:
-    """`raipack eval ARGS` in this process, through main() (the error sentence and exit code)."""
-    import contextlib
-    import io
-
-    from raipack.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.raises(SystemExit) as done, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        main(["eval", *map(str, args)])
-    out, err = out.getvalue(), err.getvalue()
-    return Ran(done.value.code, out, err)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, build_parts, tasks):
     """(export results from the API, package results from the CLI's --output file, the CLI's stdout)."""
@@ -114,9 +96,9 @@ def runs(tmp_path_factory, build_parts, tasks):
     oga, pkg = build_parts
     export = evaluate(oga, Request(ALL, include_path=tasks))
     out = tmp_path_factory.mktemp("eval-out") / "eval.json"
-    res = cli(pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "-o", out)
-    assert res.exit_code == 0, res.output
-    return export, json.loads(out.read_text()), res.output
+    res = run_cli(None, "eval", pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "-o", out)
+    assert res.code == 0, res.out
+    return export, json.loads(out.read_text()), res.out
 
 
 def test_export_and_package_give_identical_scores(runs):
@@ -186,10 +168,10 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(tmp_path, tasks, b
     (tmp_path / "x.jsonl").write_text("{}\n")
     target = tmp_path if case == "not-a-target" else build_parts[1]
     out = tmp_path / "out.json"
-    res = cli(target, "--tasks", "no_such_task" if case == "unknown-task" else "tiny_mc", "--include-path", folder, "-o", out)
-    assert res.exit_code == 2, res.stderr
-    assert expect in res.stderr
-    assert res.stderr.count("ERROR:") == 1 and "Traceback" not in res.stderr and res.output == ""
+    res = run_cli(None, "eval", target, "--tasks", "no_such_task" if case == "unknown-task" else "tiny_mc", "--include-path", folder, "-o", out)
+    assert res.code == 2, res.err
+    assert expect in res.err
+    assert res.err.count("ERROR:") == 1 and "Traceback" not in res.err and res.out == ""
     assert not out.exists() and not list(tmp_path.rglob("*.pwned")) and not list(Path.cwd().glob("*.pwned"))
 
 
@@ -341,8 +323,8 @@ def test_eval_bfp16_reports_the_float_and_bfp16_rows_side_by_side(runs, build_pa
     pytest.importorskip("quark", reason="--numerics bfp16 needs amd-quark (raipack's build extra)")
     _, package_float, _ = runs
     out = tmp_path / "eval.json"
-    res = cli(build_parts[1], "--tasks", "tiny_mc,tiny_roll", "--include-path", tasks, "--numerics", "bfp16", "-o", out)
-    assert res.exit_code == 0, res.stderr
+    res = run_cli(None, "eval", build_parts[1], "--tasks", "tiny_mc,tiny_roll", "--include-path", tasks, "--numerics", "bfp16", "-o", out)
+    assert res.code == 0, res.err
     doc = json.loads(out.read_text())
     rows = doc["raipack"]["rows"]
     assert [r["numerics"] for r in rows] == ["float", "bfp16"]
@@ -352,17 +334,17 @@ def test_eval_bfp16_reports_the_float_and_bfp16_rows_side_by_side(runs, build_pa
     assert rows[1]["results"]["tiny_roll"][ppl] != rows[0]["results"]["tiny_roll"][ppl]  # BFP16 changes the scores
     drop = rows[1]["drop"]["tiny_roll"][ppl]
     assert drop["vs_source"] == pytest.approx(rows[1]["results"]["tiny_roll"][ppl] - rows[0]["results"]["tiny_roll"][ppl], abs=1e-5)
-    lines = res.output.splitlines()
+    lines = res.out.splitlines()
     assert lines[0].split() == ["task", "metric", "float", "bfp16", "drop"]
     assert any(line.split()[:2] == ["tiny_roll", "word_perplexity"] for line in lines)
-    assert "note: BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in res.output
+    assert "note: BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in res.out
     assert any(line.startswith("ran on (bfp16): cpu-reference") for line in lines)
 
 
 def test_eval_bfp16_on_an_export_is_one_sentence_exit_2(build_parts, tasks):
-    res = cli(build_parts[0], "--tasks", "tiny_mc", "--include-path", tasks, "--numerics", "bfp16")
-    assert res.exit_code == 2 and res.stderr.count("ERROR:") == 1
-    assert "--numerics bfp16 applies to packages" in res.stderr and "export folder" in res.stderr
+    res = run_cli(None, "eval", build_parts[0], "--tasks", "tiny_mc", "--include-path", tasks, "--numerics", "bfp16")
+    assert res.code == 2 and res.err.count("ERROR:") == 1
+    assert "--numerics bfp16 applies to packages" in res.err and "export folder" in res.err
 
 
 def test_gate_holds_the_bfp16_row_to_max_drop(gated_env, tasks, monkeypatch):

@@ -20,7 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import edit_json, ryzen
+from helpers import edit_json, run_cli, ryzen
 from raipack.cli import main
 from raipack.core import onnxproto
 from raipack.core.package import GRAPH_MAX_BYTES, GRAPH_MAX_NODES, JsonError, Package
@@ -31,11 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def validate(capsys, pkg, *args):
     """(exit code, findings, stdout + stderr) of `raipack validate --format json`."""
-    with pytest.raises(SystemExit) as info:
-        main(["validate", "--format", "json", *map(str, args), str(pkg)])
-    out, err = capsys.readouterr()
+    code, out, err = run_cli(capsys, "validate", "--format", "json", *args, pkg)
     assert "Traceback" not in out + err, out + err
-    return info.value.code, json.loads(out)["results"][0]["findings"], out + err
+    return code, json.loads(out)["results"][0]["findings"], out + err
 
 
 def errors(findings, check_id):

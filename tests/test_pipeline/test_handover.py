@@ -15,10 +15,10 @@ import pytest
 
 import fake_stages
 from factory import make_package
+from helpers import run_cli
 from raipack.builder import cache, handover
 from raipack.builder.recipe import load
 from raipack.builder.runner import build
-from raipack.cli import main
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.stages.fuse.stage import STAGE as FUSE
@@ -43,16 +43,10 @@ def linux(tmp_path, monkeypatch):
     monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
     monkeypatch.setattr("raipack.builder.stages.get", FAKES.__getitem__)
     machine(tmp_path, monkeypatch, "linux")
-    cli(["build", "--until", "export", "--handover", "carry", "--name", "Tiny"])
+    assert run_cli(None, "build", "--until", "export", "--handover", "carry", "--name", "Tiny").code == 0
     moved = shutil.move(tmp_path / "linux" / "carry", tmp_path / "usb-stick")
     machine(tmp_path, monkeypatch, "windows")
     return Path(moved)
-
-
-def cli(argv: list[str]) -> int:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    return exc.value.code
 
 
 def calls(tmp_path) -> list[str]:
@@ -71,7 +65,7 @@ def test_handover_is_self_contained_and_records_digests(linux, tmp_path):
 
 
 def test_moved_handover_fuses_on_another_machine(linux, tmp_path):
-    assert cli(["build", "--inputs", str(linux), "-o", "out"]) == 0
+    assert run_cli(None, "build", "--inputs", str(linux), "-o", "out").code == 0
     assert calls(tmp_path) == ["source", "quantize", "export", "fuse", "smoke"]  # nothing before fuse ran again
     pkg = Path("out/Tiny_rai_1.8.0_npu_16K")
     report = json.loads((pkg / "report.json").read_text())
@@ -102,7 +96,7 @@ def test_one_edited_byte_is_refused_and_nothing_is_built(linux, tmp_path):
     data.write_bytes(bytes(blob))
     with pytest.raises(RaipackError, match=rf"the carried export output .*export was changed after the hand-over was made: {data.name} no longer has the sha256"):
         handover.read(linux)
-    assert cli(["build", "--inputs", str(linux), "-o", "out"]) == 1
+    assert run_cli(None, "build", "--inputs", str(linux), "-o", "out").code == 1
     assert not Path("out").exists() and not (Path("cache") / "stages").exists()
     assert calls(tmp_path) == ["source", "quantize", "export"]
 
@@ -118,7 +112,7 @@ def test_a_folder_without_handover_json_is_refused(linux):
     (linux / handover.FILE).unlink()
     with pytest.raises(UsageError, match=r"has no handover.json, so it is not a raipack hand-over folder"):
         handover.read(linux)
-    assert cli(["build", "--inputs", str(linux)]) == 2
+    assert run_cli(None, "build", "--inputs", str(linux)).code == 2
 
 
 def test_from_a_stage_the_handover_cannot_feed_is_refused(linux):
@@ -140,8 +134,8 @@ def test_handover_needs_a_new_folder_and_something_to_carry(tmp_path, monkeypatc
     machine(tmp_path, monkeypatch, "m")
     Path("full").mkdir()
     (Path("full") / "x").write_text("x")
-    assert cli(["build", "--until", "export", "--handover", "full"]) == 2
-    assert cli(["build", "--handover", "new/carry"]) == 2  # a whole build leaves nothing to carry
+    assert run_cli(None, "build", "--until", "export", "--handover", "full").code == 2
+    assert run_cli(None, "build", "--handover", "new/carry").code == 2  # a whole build leaves nothing to carry
     assert not Path("build").exists() and not Path("new").exists()  # refused before any stage ran
     with pytest.raises(UsageError, match="nothing to carry"):
         handover.write(Path("carry"), build(load(None, {})))
@@ -153,7 +147,7 @@ def test_sdk_fuse_from_a_moved_handover_gets_the_carried_export(linux, tmp_path,
     fuse = dataclasses.replace(FUSE, tools=())
     monkeypatch.setattr("raipack.builder.stages.get", {**FAKES, "fuse": fuse}.__getitem__)
     monkeypatch.setenv("FAKE_MG_PACKAGE", str(make_package(tmp_path / "amd", "1.8.0-npu-16K", name="pkg")))
-    assert cli(["build", "--inputs", str(linux), "--backend", "ryzenai-sdk", "--until", "fuse", "-o", "out"]) == 0
+    assert run_cli(None, "build", "--inputs", str(linux), "--backend", "ryzenai-sdk", "--until", "fuse", "-o", "out").code == 0
     (call,) = [json.loads(line) for line in calls_file.read_text().splitlines()]
     assert call["input_model"] == str((linux / "export").resolve()) and call["recipe"] == "token_fusion"
     pkg = Path("out/Tiny_rai_1.8.0_npu_16K")
@@ -170,5 +164,6 @@ def test_a_changed_target_profile_is_named(linux, capsys):
     doc = json.loads((linux / handover.FILE).read_text())
     doc["profile"]["sha256"] = "0" * 64
     (linux / handover.FILE).write_text(json.dumps(doc))
-    assert cli(["build", "--inputs", str(linux), "--until", "fuse", "-o", "out"]) == 0
-    assert "profile 1.8.0-npu-16K here differs from the one the hand-over was made with" in capsys.readouterr().err
+    code, _, err = run_cli(capsys, "build", "--inputs", linux, "--until", "fuse", "-o", "out")
+    assert code == 0
+    assert "profile 1.8.0-npu-16K here differs from the one the hand-over was made with" in err

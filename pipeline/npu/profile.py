@@ -212,7 +212,8 @@ def detect(pkg: Package) -> Detection | None:
 
 def content_fits(pkg: Package) -> list[dict]:
     """The AMD release profiles whose content markers all hold, with the most markers."""
-    fits, best = [], 0
+    fits: list[dict] = []
+    best = 0
     for prof in all_profiles().values():
         conds = prof["detect"]["content"]
         if target_of(prof) is Target.REFERENCE or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):

@@ -106,15 +106,16 @@ def test_check_ranges_are_all_documented():
 
 
 def test_family_table_covers_every_supported_architecture():
-    supported = json.loads(_read("pipeline/data/architectures.json"))["supported"]
+    supported = {f["architecture"] for f in json.loads(_read("pipeline/data/architectures.json"))["families"].values()}
     rows = set(re.findall(r"^\| `(\w+ForCausalLM)` \|", _read("docs/families.md"), flags=re.M))
     assert rows == set(supported)
 
 
-def test_only_reference_build_targets_extend_a_profile():
-    """docs/architecture.md: no AMD release profile `extends` another."""
+def test_release_profiles_come_from_the_catalog_only():
+    """docs/architecture.md: a Ryzen AI release is one catalog entry; no profile file of its own holds a release."""
     raw = {p.stem: json.loads(p.read_text()) for p in (ROOT / "pipeline" / "profiles").glob("*.json")}
-    assert sorted(pid for pid, doc in raw.items() if "extends" in doc and not pid.startswith("reference-")) == []
+    assert raw and sorted(pid for pid, doc in raw.items() if doc.get("release") != "n/a") == []
+    assert "one entry in `pipeline/data/ryzenai_releases.json`" in _read("docs/architecture.md")
 
 
 def test_pre_commit_snippets_pin_a_revision_that_exists():

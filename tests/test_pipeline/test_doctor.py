@@ -301,5 +301,5 @@ def test_device_and_driver_against_the_release(release, npu, expected):
 
 def test_a_package_on_an_xdna1_machine_will_not_run(make_pkg, ready_machine, monkeypatch, capsys):
     monkeypatch.setattr(probes, "npu_device", lambda: {"present": True, "driver": "32.0.20101.3760", "device": "DEV_1502", "detail": "fake XDNA1 NPU"})
-    code, out, _ = run_cli(capsys, str(make_pkg("1.8.0-npu-16K")))
+    code, out, _ = run_cli(capsys, "doctor", make_pkg("1.8.0-npu-16K"))
     assert code == 1 and "ERROR DR108" in out and "DEV_1502 (XDNA1" in out and "DEV_17F0 (XDNA2" in out, out

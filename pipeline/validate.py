@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from raipack.checks import Context, run_checks
 from raipack.core.errors import NothingToValidate, RaipackError, UsageError
 from raipack.core.findings import Result
 from raipack.core.package import Package, role_of
+from raipack.data import load_data
 from raipack.modelpackage import check as model_package
 from raipack.npu import profile as profiles
 
@@ -111,10 +113,35 @@ def validate_one(arg: dict) -> Result | RaipackError:
         return exc
 
 
-def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int = 1, executor=None) -> list[Result | RaipackError]:
+def destinations() -> dict:
+    """Where a package may be headed (`validate --for`), and the checks that are errors there."""
+    return load_data("hub.json")["destinations"]
+
+
+def for_destination(outcomes: list, destination: str | None) -> list:
+    """The outcomes with the findings of the checks `destination` refuses made errors."""
+    if not destination:
+        return outcomes
+    errors = set(destinations()[destination]["errors"])
+    out = []
+    for outcome in outcomes:
+        if isinstance(outcome, Result):
+            findings = [replace(f, severity="error") if f.check_id in errors else f for f in outcome.findings]
+            outcome = replace(outcome, findings=findings)
+        out.append(outcome)
+    return out
+
+
+def validate_all(paths, profile: str = "auto", select=(), ignore=(), verify_hashes: bool = False, jobs: int = 1, executor=None,
+                 destination: str | None = None) -> list[Result | RaipackError]:
     """Validate every package of PATHS (zoos expanded): in this process, in a pool of
     `jobs` worker processes, or as tasks of `executor` (submit/wait/result, e.g. a
-    RayExecutor); one outcome per folder, in order."""
+    RayExecutor); one outcome per folder, in order. `destination` (`--for`) makes
+    the findings its place would refuse errors."""
+    return for_destination(_validate_all(paths, profile, select, ignore, verify_hashes, jobs, executor), destination)
+
+
+def _validate_all(paths, profile, select, ignore, verify_hashes, jobs, executor) -> list[Result | RaipackError]:
     folders = expand(paths)
     many = len(folders) > 1
     threads = max(1, (os.cpu_count() or 1) // jobs) if many else jobs if jobs > 1 else None

@@ -11,6 +11,7 @@ import click
 from raipack.cli.main import cli, error
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text, use_color
+from raipack.data import load_data
 
 
 def _ids(value: str | None) -> tuple[str, ...]:
@@ -23,6 +24,7 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "sarif"]), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report here (atomically); the text summary still goes to stdout.")
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
+@click.option("--for", "destination", type=click.Choice(sorted(load_data("hub.json")["destinations"])), help="Where the package goes next: hub makes what the Hugging Face Hub refuses (RP110) an error.")
 @click.option("--strict-advice", is_flag=True, help="Advice fails the run too.")
 @click.option("--select", help="Only these check ids or prefixes, comma-separated (RP1,RP202).")
 @click.option("--ignore", help="Skip these check ids or prefixes, comma-separated.")
@@ -30,7 +32,7 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Validate N packages at once in worker processes (default: one at a time); with one package, threads for --verify-hashes (default: every core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
 @click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
-def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
+def validate(paths, profile, fmt, output, strict, destination, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
     """Check model package folders against their profile's schemas and rules.
 
     A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
@@ -41,7 +43,7 @@ def validate(paths, profile, fmt, output, strict, strict_advice, select, ignore,
         raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
     pool = _ray_executor(address) if executor == "ray" else None
     try:
-        outcomes = validate_all(paths, profile, _ids(select), _ids(ignore), verify_hashes, jobs or 1, pool)
+        outcomes = validate_all(paths, profile, _ids(select), _ids(ignore), verify_hashes, jobs or 1, pool, destination)
     finally:
         if pool is not None:
             pool.shutdown()

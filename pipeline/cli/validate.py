@@ -24,6 +24,7 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "sarif"]), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report here (atomically); the text summary still goes to stdout.")
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
+@click.option("--sarif-root", type=click.Path(path_type=Path, file_okay=False), help="With --format sarif: write file locations relative to this folder (the repository root GitHub code scanning reads them against).")
 @click.option("--for", "destination", type=click.Choice(sorted(load_data("hub.json")["destinations"])), help="Where the package goes next: hub makes what the Hugging Face Hub refuses (RP110) an error.")
 @click.option("--strict-advice", is_flag=True, help="Advice fails the run too.")
 @click.option("--select", help="Only these check ids or prefixes, comma-separated (RP1,RP202).")
@@ -32,7 +33,7 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), help="Validate N packages at once in worker processes (default: one at a time); with one package, threads for --verify-hashes (default: every core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
 @click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
-def validate(paths, profile, fmt, output, strict, destination, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
+def validate(paths, profile, fmt, output, strict, sarif_root, destination, strict_advice, select, ignore, verify_hashes, jobs, executor, address):
     """Check model package folders against their profile's schemas and rules.
 
     A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
@@ -58,7 +59,8 @@ def validate(paths, profile, fmt, output, strict, destination, strict_advice, se
         results.append(outcome)
         codes.append(1 if outcome.failed(strict, strict_advice) else 0)
     code = 1 if 1 in codes else 3 if 3 in codes else 0
-    report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False)
+    extra = {"root": str(sarif_root)} if fmt == "sarif" and sarif_root else {}
+    report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False, **extra)
     if output:
         atomic_write_text(output, report)
         if fmt != "text":

@@ -2,8 +2,8 @@
 
 The plan lists each file with its size and whether git-lfs stores it (the folder's own
 `.gitattributes`, matched as git matches it), the model card's metadata, and every reason the
-upload would be refused: a file the Hub refuses (over 10 MiB outside LFS, over its per-file
-limit), and what raipack itself refuses to publish: an unfinished folder, a Git LFS pointer in
+upload would be refused: a file the Hub refuses (over 10 MiB outside LFS, binary and over 1 MB
+outside LFS, over its per-file limit), and what raipack itself refuses to publish: an unfinished folder, a Git LFS pointer in
 place of a file, a package that fails `raipack validate --for hub`. The upload itself goes through
 `huggingface_hub` (an optional dependency) and only after a plan with no refusal.
 """
@@ -67,7 +67,7 @@ def upload_plan(path: Path, repo_id: str | None = None) -> Plan:
     except ReadError as exc:
         raise RaipackError(f"{path / lfs.NAME} cannot be read: {exc}", exc.hint or "check the file") from None
     sizes = {rel: fe.size for rel, fe in pkg.files.items() if rel != manifest.INCOMPLETE}
-    plan.files = lfs.plan(sizes, attrs)
+    plan.files = lfs.plan(sizes, attrs, lambda rel: lfs.is_binary(pkg, rel))
     for planned in plan.files:
         if planned.refused:
             plan.refusals.append((planned.path, f"the Hub refuses it: {planned.refused}", f"add this line to {lfs.NAME}: {lfs.suggested_rule(planned.path)}"))

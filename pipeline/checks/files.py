@@ -38,19 +38,20 @@ def lfs_pointer(ctx):
 
 @check("RP110", "hub-lfs-rule", "warning")
 def hub_lfs_rule(ctx):
-    """A file over 10 MiB that no `.gitattributes` rule puts into Git LFS. The
-    Hugging Face Hub refuses such a push ("Your push was rejected because it
-    contains files larger than 10 MiB", huggingface_hub #2666), and AMD's Hub
-    folders keep every such file in LFS (sources: `pipeline/data/hub.json`).
+    """A file over 10 MiB, or a binary file over 1 MB, that no `.gitattributes`
+    rule puts into Git LFS. The Hugging Face Hub refuses such a push ("Your push
+    was rejected because it contains files larger than 10 MiB" / "... contains
+    binary files", huggingface_hub #2666, #687), and AMD's Hub folders keep every
+    such file in LFS (sources: `pipeline/data/hub.json`).
     Patterns are matched as git matches them (`pipeline/core/gitattributes.py`);
     the hint is the line to add. A warning; an error under `validate --for hub`."""
     try:
         attrs = lfs.attributes_of(ctx.pkg)
     except ReadError as exc:
-        yield ctx.finding(lfs.NAME, f"cannot be read: {exc}", exc.hint or "check the file")
+        yield ctx.finding(lfs.NAME, str(exc), exc.hint or "check the file")
         return
     sizes = {rel: fe.size for rel, fe in ctx.pkg.files.items() if not fe.lfs and not fe.symlink}
-    for planned in lfs.plan(sizes, attrs):
+    for planned in lfs.plan(sizes, attrs, lambda rel: lfs.is_binary(ctx.pkg, rel)):
         if planned.refused:
             rule = attrs.rule_for(planned.path, "filter")
             why = f"; {rule.base + '/' if rule.base else ''}{lfs.NAME} line {rule.line} ({rule.pattern}) keeps it out" if rule else ""

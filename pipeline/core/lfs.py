@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raipack.core.gitattributes import MAX_BYTES, Attributes, escape_glob, quote
+from raipack.core.package import ReadError
 from raipack.data import load_data
 
 NAME = ".gitattributes"
@@ -28,12 +29,21 @@ def kind_patterns() -> list[str]:
     return facts()["hub_default_patterns"] + facts()["amd_patterns"]
 
 
+READ_MAX_BYTES = 1024 * 1024  # AMD's files are under 2 KiB; git itself reads up to 100 MiB (MAX_BYTES)
+
+
 def attributes_of(pkg) -> Attributes:
-    """The `.gitattributes` files of a scanned package, read as git reads them (a larger file than git reads counts as empty)."""
+    """The `.gitattributes` files of a scanned package, read as git reads them (one larger than git
+    reads counts as empty, as in git). One over READ_MAX_BYTES is refused (ReadError): raipack does not
+    match every file against millions of rules."""
     texts = {}
     for rel, fe in pkg.files.items():
-        if fe.name == NAME and not fe.symlink and fe.size <= MAX_BYTES:
-            texts[rel] = pkg.read_bytes(rel, MAX_BYTES, "attributes file").decode("utf-8", "replace")
+        if fe.name != NAME or fe.symlink or fe.size > MAX_BYTES:
+            continue
+        if fe.size > READ_MAX_BYTES:
+            raise ReadError(f"is {fe.size} bytes, more than the {READ_MAX_BYTES} bytes raipack reads of a {NAME}; its rules were not read",
+                            f"keep one line per pattern: {NAME} files of Hub repositories are a few KiB")
+        texts[rel] = pkg.read_bytes(rel, READ_MAX_BYTES, "attributes file").decode("utf-8", "replace")
     return Attributes(texts)
 
 
@@ -45,14 +55,33 @@ class PlannedFile:
     refused: str = ""  # why the Hub would refuse the file ("" when it takes it)
 
 
-def plan(sizes: dict[str, int], attrs: Attributes) -> list[PlannedFile]:
-    """Each file as the Hub would receive it: in LFS or not, and refused or not."""
+def binary_limit() -> int:
+    return facts()["plain_binary_limit_bytes"]
+
+
+BINARY_PROBE = 8000
+
+
+def is_binary(pkg, rel: str) -> bool:
+    """git's test (xdiff's buffer_is_binary): a NUL byte in the first 8000 bytes."""
+    try:
+        with pkg.open(rel) as fh:
+            return b"\0" in fh.read(BINARY_PROBE)
+    except (OSError, ReadError):
+        return False
+
+
+def plan(sizes: dict[str, int], attrs: Attributes, binary=lambda rel: False) -> list[PlannedFile]:
+    """Each file as the Hub would receive it: in LFS or not, and refused or not (`binary(rel)` says
+    whether a file outside LFS over the Hub's binary limit is binary)."""
     out = []
     for rel in sorted(sizes):
         size, in_lfs = sizes[rel], attrs.in_lfs(rel)
         refused = ""
         if not in_lfs and size > limit():
             refused = f"over the Hub's {limit() // 2**20} MiB limit for files outside Git LFS"
+        elif not in_lfs and size > binary_limit() and binary(rel):
+            refused = f"a binary file over the Hub's {binary_limit() / 10**6:g} MB limit for binary files outside Git LFS"
         elif in_lfs and size > facts()["lfs_file_limit_bytes"]:
             refused = f"over the Hub's {facts()['lfs_file_limit_bytes'] // 10**9} GB limit per file"
         out.append(PlannedFile(rel, size, in_lfs, refused))

@@ -67,6 +67,20 @@ def test_a_rule_that_unsets_lfs_is_named(big_pkg, capsys):
     assert code == 1 and "model.bin" in out and "(model.bin) keeps it out" in out and "model.onnx.data" not in out
 
 
+def test_a_binary_file_over_1_mb_outside_lfs_is_refused_a_text_one_is_not(big_pkg, capsys):
+    lfs.write(big_pkg)
+    (big_pkg / "notes.txt").write_text("plain text line\n" * 80_000)  # 1.3 MB of text: git, diffable
+    (big_pkg / "blob.raw").write_bytes(b"\x00\x01" * 600_000)  # 1.2 MB with NUL bytes: binary
+    code, out, _ = run_cli(capsys, "validate", big_pkg, "--for", "hub")
+    assert code == 1 and "blob.raw" in out and "binary file over the Hub's 1 MB limit" in out and "notes.txt" not in out
+
+
+def test_an_oversized_attributes_file_is_named_not_read(big_pkg, capsys):
+    (big_pkg / lfs.NAME).write_text("*.bin filter=lfs\n" + "# padding\n" * 120_000)  # 1.2 MB
+    code, out, _ = run_cli(capsys, "validate", big_pkg, "--for", "hub")
+    assert code == 1 and ".gitattributes" in out and "its rules were not read" in out
+
+
 def test_publish_dry_run_plan_and_refusal(big_pkg, capsys):
     lfs.write(big_pkg)
     code, out, _ = run_cli(capsys, "publish", big_pkg, "--dry-run", "--repo", "me/pkg")

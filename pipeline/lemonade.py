@@ -147,4 +147,8 @@ def register(package: Path, name: str | None = None, labels=(), *, config: Path 
     file.parent.mkdir(parents=True, exist_ok=True)
     like = file.stat() if file.exists() else None
     atomic_write_bytes(file, (json.dumps(registry, indent=2) + "\n").encode("utf-8"), like=like)
+    if like is None:  # a new file gets the mode any new file gets here, as lemonade's own would (not the temporary file's 0600)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(file, 0o666 & ~umask)
     return reg

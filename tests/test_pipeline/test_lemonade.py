@@ -87,6 +87,9 @@ def test_register_writes_an_entry_lemonade_loads(amd_pkg, tmp_path, capsys):
     assert info["recipe"] == "ryzenai-llm" and info["suggested"] is True and info["size"] > 0
     assert set(info["labels"]) == {"custom", "reasoning", "tool-calling", "chat"}
     assert json.loads(out) == doc and f"user.{amd_pkg.name} written to" in err
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((conf / "user_models.json").stat().st_mode) == 0o666 & ~umask  # a plain new file, not mkstemp's 0600
 
 
 def test_an_update_keeps_other_entries_and_replaces_by_rename(amd_pkg, tmp_path, capsys):

@@ -5,8 +5,8 @@ Each `run:` step of the composite action is run with bash in order, with GitHub'
 `${{ steps.*.outputs.* }}` substituted as the runner substitutes them and each step's `if:` evaluated.
 The two `uses:` steps are GitHub's own actions (setup-python, upload-sarif) and are not run: the test
 checks what they would be given. Offline, the install step gets `--no-index --no-build-isolation
---no-deps` through the action's `pip-args` input and the test environment's packages on PYTHONPATH;
-on GitHub it installs the light raipack with its dependencies. The SARIF written is validated against
+--no-deps` through the action's `pip-args` input, in a venv the test made first whose .pth names the
+test environment's packages; on GitHub it installs the light raipack with its dependencies. The SARIF written is validated against
 the SARIF 2.1.0 JSON schema of OASIS (tests/data/sarif-schema-2.1.0.json: oasis-tcs/sarif-spec,
 sarif-2.1/schema/sarif-schema-2.1.0.json at e0583813964ec43cea53b6b531b402866095ed1f, an OASIS
 standard's schema, distributed under the OASIS IPR policy).
@@ -56,10 +56,13 @@ def _condition(expr: str | None, inputs: dict, outputs: dict) -> bool:
     return bool(eval(py, {"__builtins__": {}}, {"True": True}))  # our own action.yml, read as data and checked above
 
 
-def _site_dirs() -> str:
-    python = os.environ.get("RAIPACK_LIGHT_PYTHON") or sys.executable
-    out = subprocess.run([python, "-c", "import sys; print('\\n'.join(p for p in sys.path if p.endswith('site-packages')))"], capture_output=True, text=True, check=True)
-    return os.pathsep.join(out.stdout.split())
+def _offline_venv(venv: Path) -> None:
+    """The venv the install step makes, made first with a .pth naming this test environment's
+    site-packages: pip then finds setuptools and wheel for the build and raipack's dependencies
+    there, offline, while the raipack the step installs into the venv comes first on its path."""
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
+    [site] = list(venv.glob("lib/python*/site-packages"))
+    (site / "_test_environment.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
 
 
 def run_action(workspace: Path, work: Path, installed: dict | None = None, **inputs) -> dict:
@@ -81,8 +84,10 @@ def run_action(workspace: Path, work: Path, installed: dict | None = None, **inp
     if not (work / "bin" / "python3").exists():
         os.symlink(getattr(sys, "_base_executable", sys.executable), work / "bin" / "python3")  # as setup-python would give: this one
     env_base = {"PATH": f"{work / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(work), "GITHUB_ACTION_PATH": str(action_dir), "GITHUB_WORKSPACE": str(workspace),
-                "RUNNER_TEMP": str(work / "runner-temp"), "PYTHONPATH": _site_dirs(), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "NO_COLOR": "1"}
+                "RUNNER_TEMP": str(work / "runner-temp"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "NO_COLOR": "1"}
     (work / "runner-temp").mkdir(parents=True, exist_ok=True)
+    if not installed:
+        _offline_venv(work / "runner-temp" / "raipack-venv")
     for step in action["runs"]["steps"]:
         if not _condition(step.get("if"), values, outputs) or (installed and step.get("id") == "install"):
             continue
@@ -113,7 +118,10 @@ def installed(tmp_path_factory):
     (work / "ws").mkdir()
     out = run_action(work / "ws", work, **{"upload-sarif": "false"}, **OFFLINE)
     assert out["install"]["_rc"] == 0, out["install"]["_log"]
-    assert out["install"]["raipack"].startswith(str(work / "runner-temp"))  # the action's own install, not the test's
+    venv = work / "runner-temp" / "raipack-venv"
+    assert out["install"]["raipack"] == str(venv / "bin" / "raipack")
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import raipack; print(raipack.__file__)"], capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(venv)), where  # the raipack the action installed runs, not the test's
     assert out["validate"]["exit-code"] == "3"  # an empty repository: nothing to validate, and the job fails
     assert out["Fail on raipack's exit code"]["_rc"] == 3
     return work, out["install"]

@@ -83,7 +83,7 @@ def plan(sizes: dict[str, int], attrs: Attributes, binary=lambda rel: False) -> 
         elif not in_lfs and size > binary_limit() and binary(rel):
             refused = f"a binary file over the Hub's {binary_limit() / 10**6:g} MB limit for binary files outside Git LFS"
         elif in_lfs and size > facts()["lfs_file_limit_bytes"]:
-            refused = f"over the Hub's {facts()['lfs_file_limit_bytes'] // 10**9} GB limit per file"
+            refused = f"over the Hub's {facts()['lfs_file_limit_bytes'] / 2**30:g} GiB limit per file, even in LFS"
         out.append(PlannedFile(rel, size, in_lfs, refused))
     return out
 
@@ -101,7 +101,7 @@ def render(sizes: dict[str, int]) -> str:
     """The `.gitattributes` of a package raipack writes: every kind AMD's folders keep in LFS, and
     each other file over the Hub's limit by its own path."""
     lines = ["# Git LFS rules for the Hugging Face Hub, written by raipack: the Hub's default kinds, the",
-             "# binary kinds of AMD's Ryzen AI packages, and every other file over the Hub's 10 MiB limit."]
+             f"# binary kinds of AMD's Ryzen AI packages, and every other file over the Hub's {limit() // 2**20} MiB limit."]
     lines += [rule_line(p) for p in kind_patterns()]
     attrs = Attributes({NAME: "\n".join(lines)})
     lines += [rule_line(escape_glob(rel)) for rel in sorted(sizes) if sizes[rel] > limit() and not attrs.in_lfs(rel)]

@@ -152,3 +152,10 @@ def test_upload_goes_through_huggingface_hub_with_the_plan(big_pkg, capsys, monk
     assert calls[0] == ("token", "t0ken") and calls[1] == ("create_repo", "me/pkg", {"repo_type": "model", "private": True, "exist_ok": True})
     assert calls[2][1]["folder_path"] == str(big_pkg) and ".git/**" in calls[2][1]["ignore_patterns"]
     assert "uploaded: hub://me/pkg/commit/1" in out
+
+
+def test_plan_refuses_a_file_over_the_per_file_limit_even_in_lfs():
+    attrs = Attributes({lfs.NAME: lfs.render({})})
+    [small, huge] = lfs.plan({"a.bin": 20 * 2**30, "b.bin": 51 * 2**30}, attrs)
+    assert small.lfs and not small.refused
+    assert huge.lfs and "50 GiB limit per file" in huge.refused

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from raipack.checks import Context, run_checks
@@ -11,6 +12,7 @@ from raipack.core.errors import NothingToValidate, RaipackError, UsageError
 from raipack.core.findings import Result
 from raipack.core.package import Package, role_of
 from raipack.core.selection import Selection
+from raipack.data import load_data
 from raipack.modelpackage import check as model_package
 from raipack.npu import profile as profiles
 
@@ -114,6 +116,25 @@ def validate_one(arg: dict) -> Result | RaipackError:
                         verify_hashes=arg["verify_hashes"], platform=arg.get("platform"))
     except RaipackError as exc:
         return exc
+
+
+def destinations() -> dict:
+    """Where a package may be headed (`validate --for`), and the checks that are errors there."""
+    return load_data("hub.json")["destinations"]
+
+
+def for_destination(outcomes: list, destination: str | None) -> list:
+    """The outcomes with the findings of the checks `destination` refuses made errors."""
+    if not destination:
+        return outcomes
+    errors = set(destinations()[destination]["errors"])
+    out = []
+    for outcome in outcomes:
+        if isinstance(outcome, Result):
+            findings = [replace(f, severity="error") if f.check_id in errors else f for f in outcome.findings]
+            outcome = replace(outcome, findings=findings)
+        out.append(outcome)
+    return out
 
 
 def validate_all(paths, profile: str = "auto", *, jobs: int = 1, executor=None, **selection) -> list[Result | RaipackError]:

@@ -306,7 +306,29 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, name: st
         _cache(pkg / lay.cache, d, sparse)
     if profile["metastate"]["required"] or profile["metastate"]["siblings"]:
         _metastate(pkg, profile, d, max_length)
+    write_hub_gitattributes(pkg)
     return pkg
+
+
+AMD_GITATTRIBUTES = Path(__file__).resolve().parent / "data" / "amd_gitattributes.txt"
+
+
+def write_hub_gitattributes(pkg: Path) -> None:
+    """The .gitattributes a package has on the Hub, as AMD's folders have it: the Hub's default LFS
+    patterns (the first lines of tests/data/amd_gitattributes.txt), then one line per file the Hub put
+    into LFS for its size (over 10 MiB, or binary over 1 MB), as the Hub's upload adds them."""
+    from raipack.core import lfs
+
+    lines = [line for line in AMD_GITATTRIBUTES.read_text().splitlines() if line.startswith("*") or line.startswith("saved_model")]
+    attrs = lfs.Attributes({lfs.NAME: "\n".join(lines)})
+    for rel, size in sorted(lfs.sizes_of(pkg).items()):
+        if attrs.in_lfs(rel) or size <= lfs.binary_limit():
+            continue
+        with open(pkg / rel, "rb") as fh:
+            binary = b"\0" in fh.read(lfs.BINARY_PROBE)
+        if size > lfs.limit() or binary:
+            lines.append(lfs.rule_line(lfs.escape_glob(rel)))
+    (pkg / lfs.NAME).write_text("\n".join(lines) + "\n")
 
 
 def _cache(folder: Path, d: Dims, sparse: bool) -> None:
@@ -522,6 +544,7 @@ def build_reference_packages(out: Path, d: Dims = TINY) -> None:
         report = fuse(out / "oga", out / pid, profile, quark_dir=out / "quark")
         if report["findings"] or not report["npu_complete"]:
             raise RuntimeError(f"fusing the tiny model for {pid} reported {report['findings']}")
+        write_hub_gitattributes(out / pid)
         write_manifest(out / pid, target_profile=profile["extends"])
 
 

@@ -27,7 +27,7 @@ from raipack.builder.crash import stage_crashed
 from raipack.builder.inputs import check_model_dir
 from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
-from raipack.core import manifest
+from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.core.output import atomic_write_text
@@ -386,6 +386,7 @@ def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evalu
 
         append_build_numbers(work / "README.md", draft.report(),  # the source model: base_model and license of the card
                              source=Path(recipe.model) if recipe.model else next((Path(r.path) for r in results if r.name == stages.of_kind(stages.MODEL_KIND)), None))
+        lfs.write(work)  # the Hub's LFS rules, for the files as they are now (the manifest lists it)
         doc = manifest.describe(work, (manifest.read(fused) or {}).get("kind", "package"), lineage={"inputs": [{"stage": stage, "path": str(fused), "sha256": cache.folder_digest(fused)}],
                                 "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key, **_carried(inputs, r.name)} for r in results]},
                                 tools=draft.report()["tools"], extra={"target_profile": profile["id"]})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import fnmatch
 
 from raipack.checks.base import check
-from raipack.core.package import SCAN
+from raipack.core import lfs
+from raipack.core.package import SCAN, ReadError
 from raipack.data import load_data
 from raipack.npu import catalog
 from raipack.npu.layout import is_inside
@@ -35,6 +36,29 @@ def lfs_pointer(ctx):
                 "run `git lfs install && git lfs pull` in the package's clone",
                 pointer=fe.lfs.oid,
             )
+
+
+@check("RP110", "hub-lfs-rule", "warning")
+def hub_lfs_rule(ctx):
+    """A file over 10 MiB, or a binary file over 1 MB, that no `.gitattributes`
+    rule puts into Git LFS. The Hugging Face Hub refuses such a push ("Your push
+    was rejected because it contains files larger than 10 MiB" / "... contains
+    binary files", huggingface_hub #2666, #687), and AMD's Hub folders keep every
+    such file in LFS (sources: `pipeline/data/hub.json`).
+    Patterns are matched as git matches them (`pipeline/core/gitattributes.py`);
+    the hint is the line to add. A warning; an error under `validate --for hub`."""
+    try:
+        attrs = lfs.attributes_of(ctx.pkg)
+    except ReadError as exc:
+        yield ctx.finding(lfs.NAME, str(exc), exc.hint or "check the file")
+        return
+    sizes = {rel: fe.size for rel, fe in ctx.pkg.files.items() if not fe.lfs and not fe.symlink}
+    for planned in lfs.plan(sizes, attrs, lambda rel: lfs.is_binary(ctx.pkg, rel)):
+        if planned.refused:
+            rule = attrs.rule_for(planned.path, "filter")
+            why = f"; {rule.base + '/' if rule.base else ''}{lfs.NAME} line {rule.line} ({rule.pattern}) keeps it out" if rule else ""
+            yield ctx.finding(planned.path, f"is {planned.size / 2**20:.1f} MiB, {planned.refused}{why}",
+                              f"add this line to {lfs.NAME}: {lfs.suggested_rule(planned.path)}")
 
 
 @check("RP103", "empty-file")

@@ -11,6 +11,7 @@ import click
 from raipack.cli.main import cli, error
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text, use_color
+from raipack.data import load_data
 
 
 def _ids(value: str | None) -> tuple[str, ...]:
@@ -23,6 +24,8 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "sarif"]), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report here (atomically); the text summary still goes to stdout.")
 @click.option("--strict", is_flag=True, help="Warnings fail the run too.")
+@click.option("--sarif-root", type=click.Path(path_type=Path, file_okay=False), help="With --format sarif: write file locations relative to this folder (the repository root GitHub code scanning reads them against).")
+@click.option("--for", "destination", type=click.Choice(sorted(load_data("hub.json")["destinations"])), help="Where the package goes next: hub makes what the Hugging Face Hub refuses (RP110) an error.")
 @click.option("--strict-advice", is_flag=True, help="Advice fails the run too.")
 @click.option("--select", help="Only these check ids or prefixes, comma-separated (RP1,RP202).")
 @click.option("--ignore", help="Skip these check ids or prefixes, comma-separated.")
@@ -38,6 +41,7 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
     from raipack.reporters import REPORTERS
 
     outcomes = _validate_all(paths, options)
+    sarif_root = options["sarif_root"]
     results, codes = [], []
     for outcome in outcomes:
         if isinstance(outcome, UsageError):
@@ -49,7 +53,8 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
         results.append(outcome)
         codes.append(1 if outcome.failed(strict, strict_advice) else 0)
     code = 1 if 1 in codes else 3 if 3 in codes else 0
-    report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False)
+    extra = {"root": str(sarif_root)} if fmt == "sarif" and sarif_root else {}
+    report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False, **extra)
     if output:
         atomic_write_text(output, report)
         if fmt != "text":
@@ -61,16 +66,16 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
 
 def _validate_all(paths, options: dict):
     """Every outcome of validate_all for the command's selection and executor options."""
-    from raipack.validate import validate_all
+    from raipack.validate import for_destination, validate_all
 
     address, executor = options["address"], options["executor"]
     if address and executor != "ray":
         raise UsageError("--address names a Ray cluster and needs --executor ray", "add --executor ray, or leave out --address")
     pool = _ray_executor(address) if executor == "ray" else None
     try:
-        return validate_all(paths, options["profile"], jobs=options["jobs"] or 1, executor=pool,
-                            select=_ids(options["select"]), ignore=_ids(options["ignore"]), verify_hashes=options["verify_hashes"],
-                            platform=options["platform"])
+        return for_destination(validate_all(paths, options["profile"], jobs=options["jobs"] or 1, executor=pool,
+                                            select=_ids(options["select"]), ignore=_ids(options["ignore"]), verify_hashes=options["verify_hashes"],
+                                            platform=options["platform"]), options["destination"])
     finally:
         if pool is not None:
             pool.shutdown()

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from raipack import __version__
-from raipack.core import manifest
+from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError
 from raipack.core.hashing import sha256_file
 from raipack.core.output import atomic_write_text, output_folder
@@ -43,6 +43,7 @@ def assemble_model_package(packages: list[Path], out: Path, *, export: Path | No
                "components": {layout.spec()["component"]: {"variants": variants}},
                "additional_metadata": {"producer": {"tool": "raipack", "tool_version": __version__},
                                        "raipack": {"sources": {vname: str(src) for vname, src in sources}}}}
+        lfs.write(staging)  # one repository on the Hub: the LFS rules of every variant's files, at the root
         atomic_write_text(staging / layout.spec()["manifest"], json.dumps(doc, indent=2) + "\n")
         result = check.validate_package(staging)
         errors = [f for f in result.findings if f.severity == "error"]
@@ -87,9 +88,11 @@ def _add_variant(staging: Path, vname: str, src: Path) -> dict:
     doc = json.loads((vdir / "genai_config.json").read_text("utf-8"))
     flat_text = layout.genai_text(doc)  # the variant as a flat folder: what its raipack manifest records
     source_doc = manifest.read(src) or {}
-    entries = [e for e in source_doc.get("files", []) if e.get("path") != "genai_config.json" and ((vdir / e["path"]).is_file())]
+    entries = [e for e in source_doc.get("files", []) if e.get("path") not in ("genai_config.json", lfs.NAME) and ((vdir / e["path"]).is_file())]
     atomic_write_text(vdir / "genai_config.json", flat_text)
     entries.append({"path": "genai_config.json", "size": len(flat_text.encode()), "sha256": sha256_file(vdir / "genai_config.json"), "role": role_of("genai_config.json")})
+    lfs.write(vdir)  # each variant checks as a package of its own, with its own LFS rules (an export has none)
+    entries.append({"path": lfs.NAME, "size": (vdir / lfs.NAME).stat().st_size, "sha256": sha256_file(vdir / lfs.NAME), "role": role_of(lfs.NAME)})
     if shared:
         hex_ = _store_asset(staging, vname, shared)
         doc.setdefault("model", {})["tokenizer_dir"] = layout.spec()["reference_scheme"] + hex_

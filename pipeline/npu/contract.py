@@ -377,7 +377,7 @@ def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path
                           "re-save the model with its external data beside model.onnx"))
             continue
         if loc not in resolved:
-            resolved[loc] = (graph_dir / Path(*p.parts)).resolve()
+            resolved[loc] = Path(os.path.realpath(graph_dir / Path(*p.parts)))  # realpath: a symlink loop is a path, not a RuntimeError
         path = resolved[loc]
         if base != path and base not in path.parents:
             out.append(_f("export.external_data", t.name,

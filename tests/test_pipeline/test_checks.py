@@ -164,6 +164,7 @@ CASES = [
     ("tier-too-small", "reference-16K", lambda p: (_json(GENAI, lambda d: d["search"].__setitem__("max_length", 20000))(p), _json(GENAI, lambda d: d["model"].__setitem__("context_length", 32768))(p), write_manifest(p)), "RP602", "error", "16384"),
     ("const-missing", P16, _rm("cache/MatMulNBits_0_0_wts.const"), "RP603", "error", "cache/MatMulNBits_0_0_meta.json"),
     ("const-size", P16, _write("cache/MatMulNBits_1_0_wts.const", b"short"), "RP603", "error", "cache/MatMulNBits_1_0_wts.const"),
+    ("hub-large-file-outside-lfs", P16, lambda p: (_write("notes.dat", b"")(p), _truncate("notes.dat", 11 * 2**20)(p)), "RP110", "warning", "notes.dat"),
     ("graph-garbage", P16, _write("model.onnx", b"\x08\x07garbage" * 10), "RP701", "error", "model.onnx"),
     ("data-truncated", P16, _truncate("model.onnx.data", 100), "RP702", "error", "model.onnx"),
     ("data-missing", P16, _rm("model.onnx.data"), "RP702", "error", "model.onnx"),

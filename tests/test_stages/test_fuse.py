@@ -44,8 +44,9 @@ def oga16k(tiny_quark, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def packages(oga16k, tmp_path_factory) -> dict:
-    """profile id → (package folder, fuse report); manifest written as the runner would."""
+    """profile id → (package folder, fuse report); .gitattributes and manifest written as the runner's assembler writes them."""
     from factory import write_manifest
+    from raipack.core import lfs
     from raipack.npu.profile import get as get_profile
     from raipack.stages.fuse.reference import fuse
 
@@ -54,6 +55,7 @@ def packages(oga16k, tmp_path_factory) -> dict:
     for pid in ("reference-4K", "reference-16K"):
         pkg = root / pid
         report = fuse(oga16k, pkg, get_profile(pid), quark_dir=oga16k.parent / "quark")
+        lfs.write(pkg)
         write_manifest(pkg, target_profile=get_profile(pid)["extends"])
         out[pid] = (pkg, report)
     return out

@@ -1,0 +1,161 @@
+"""`raipack publish`: a package folder's upload plan for the Hugging Face Hub, and the upload.
+
+The plan lists each file with its size and whether git-lfs stores it (the folder's own
+`.gitattributes`, matched as git matches it), the model card's metadata, and every reason the
+upload would be refused: a file the Hub refuses (over 10 MiB outside LFS, binary and over 1 MB
+outside LFS, over its per-file limit), and what raipack itself refuses to publish: an unfinished folder, a Git LFS pointer in
+place of a file, a package that fails `raipack validate --for hub`. The upload itself goes through
+`huggingface_hub` (an optional dependency) and only after a plan with no refusal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raipack.core import lfs, manifest
+from raipack.core.errors import RaipackError, UsageError
+from raipack.core.package import JSON_MAX_BYTES, Package, ReadError
+from raipack.core.textsafe import safe
+from raipack.validate import validate_all
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+CARD = "README.md"
+IGNORED = (".git/**", manifest.INCOMPLETE)  # never uploaded
+
+
+@dataclass
+class Plan:
+    root: Path
+    repo_id: str | None
+    files: list = field(default_factory=list)  # lfs.PlannedFile
+    card: dict = field(default_factory=dict)  # the model card's front matter
+    card_note: str = ""  # why the card's metadata could not be read
+    refusals: list = field(default_factory=list)  # (path, reason, hint)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusals)
+
+    def to_dict(self) -> dict:
+        return {"root": str(self.root), "repo_id": self.repo_id, "card": self.card, "card_note": self.card_note,
+                "files": [{"path": f.path, "size": f.size, "lfs": f.lfs} for f in self.files],
+                "refusals": [{"path": p, "reason": r, "hint": h} for p, r, h in self.refusals], "refused": self.refused}
+
+
+class PublishRefused(RaipackError):
+    """The plan holds a refusal: nothing was uploaded (exit code 1)."""
+
+
+def upload_plan(path: Path, repo_id: str | None = None) -> Plan:
+    """What uploading folder `path` would send, and why the Hub or raipack would refuse it."""
+    path = Path(path)
+    if repo_id is not None and not REPO_ID.match(repo_id):
+        raise UsageError(f"--repo is {repo_id!r}; expected a Hub repository id OWNER/NAME", "for example --repo my-org/Llama-3.2-1B-Instruct_rai_1.8.0_npu_16K")
+    outcomes = validate_all([path], destination="hub")  # also the usage errors: no folder, no package (exit 3)
+    if len(outcomes) != 1:
+        raise UsageError(f"{path} is a folder of {len(outcomes)} packages; publish takes one package folder", f"publish each one: raipack publish {path}/NAME")
+    outcome = outcomes[0]
+    if isinstance(outcome, RaipackError):
+        raise outcome
+    pkg = Package.scan(path)
+    plan = Plan(root=path, repo_id=repo_id)
+    try:
+        attrs = lfs.attributes_of(pkg)
+    except ReadError as exc:
+        raise RaipackError(f"{path / lfs.NAME} cannot be read: {exc}", exc.hint or "check the file") from None
+    sizes = {rel: fe.size for rel, fe in pkg.files.items() if rel != manifest.INCOMPLETE}
+    plan.files = lfs.plan(sizes, attrs, lambda rel: lfs.is_binary(pkg, rel))
+    for planned in plan.files:
+        if planned.refused:
+            plan.refusals.append((planned.path, f"the Hub refuses it: {planned.refused}", f"add this line to {lfs.NAME}: {lfs.suggested_rule(planned.path)}"))
+    if pkg.has(manifest.INCOMPLETE):
+        plan.refusals.append((manifest.INCOMPLETE, "raipack refuses it: the folder is an unfinished build", "build the package again and publish the finished folder"))
+    for fe in pkg.files.values():
+        if fe.lfs:
+            plan.refusals.append((fe.rel, "raipack refuses it: it is a Git LFS pointer, not the file", "run `git lfs pull` in the clone before publishing"))
+    for f in outcome.findings:
+        if f.severity == "error" and f.check_id != "RP110":  # RP110's files are listed above
+            plan.refusals.append((f.path, f"raipack refuses it: {f.check_id} {f.message}", f.hint))
+    plan.card, plan.card_note = card_metadata(pkg)
+    return plan
+
+
+def card_metadata(pkg: Package) -> tuple[dict, str]:
+    """(the model card's YAML front matter, "") or ({}, why there is none)."""
+    if not pkg.has(CARD):
+        return {}, f"no {CARD}: the Hub shows the repository without a model card"
+    try:
+        text = pkg.read_bytes(CARD, JSON_MAX_BYTES, "model card").decode("utf-8", "replace")
+    except ReadError as exc:
+        return {}, f"{CARD} {exc}"
+    if not text.startswith("---\n") or text.find("\n---\n", 4) < 0:
+        return {}, f"{CARD} has no YAML front matter (the Hub's model card metadata)"
+    try:
+        import yaml
+    except ImportError:
+        return {}, f"{CARD} has front matter; install pyyaml to show it"
+    try:
+        doc = yaml.safe_load(text[4 : text.find("\n---\n", 4)])
+    except yaml.YAMLError as exc:
+        return {}, f"{CARD}'s front matter is not valid YAML ({str(exc).splitlines()[0]})"
+    return (doc, "") if isinstance(doc, dict) else ({}, f"{CARD}'s front matter is not a mapping")
+
+
+def as_text(plan: Plan, dry_run: bool) -> str:
+    target = plan.repo_id or "(no --repo given)"
+    lines = [f"Upload plan for {safe(str(plan.root))} -> {target}" + (" (dry run: nothing is uploaded)" if dry_run else ""), "",
+             f"  {'size':>10}  {'storage':<7}  file"]
+    for f in plan.files:
+        lines.append(f"  {_size(f.size):>10}  {'LFS' if f.lfs else 'git':<7}  {safe(f.path)}")
+    lines += ["", "Model card metadata:"]
+    if plan.card:
+        lines += [f"  {safe(str(k))}: {safe(_short(v))}" for k, v in plan.card.items()]
+    else:
+        lines.append(f"  none: {safe(plan.card_note)}")
+    total = sum(f.size for f in plan.files)
+    in_lfs = [f for f in plan.files if f.lfs]
+    lines += ["", f"{len(plan.files)} files, {_size(total)}; {len(in_lfs)} in LFS ({_size(sum(f.size for f in in_lfs))})."]
+    if plan.refused:
+        lines.append(f"REFUSED: {len(plan.refusals)} problem(s), nothing {'would be' if dry_run else 'was'} uploaded:")
+        for path, reason, hint in plan.refusals:
+            lines.append(f"  {safe(path) or '(package)'}: {safe(reason)}")
+            if hint:
+                lines.append(f"    hint: {safe(hint)}")
+    else:
+        lines.append("The Hub would take every file." if dry_run else "Uploading.")
+    return "\n".join(lines) + "\n"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _short(value) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def upload(plan: Plan, private: bool = False, revision: str | None = None) -> str:
+    """Upload a plan without refusals with huggingface_hub; the URL of the commit."""
+    if plan.refused:
+        raise PublishRefused(f"{plan.root} is not uploaded: {plan.refusals[0][0]}: {plan.refusals[0][1]}", plan.refusals[0][2])
+    if not plan.repo_id:
+        raise UsageError("publishing needs the Hub repository: --repo OWNER/NAME", "or add --dry-run to see the plan only")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise UsageError("uploading needs the huggingface_hub package, which is not installed", "pip install 'raipack[hub]', or add --dry-run") from None
+    token = os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
+    if not token:
+        raise UsageError("uploading needs a Hugging Face token: HF_TOKEN is not set and no token is stored", "set HF_TOKEN (a token with write access), or run `hf auth login`")
+    api = huggingface_hub.HfApi(token=token)
+    api.create_repo(plan.repo_id, repo_type="model", private=private, exist_ok=True)
+    info = api.upload_folder(folder_path=str(plan.root), repo_id=plan.repo_id, repo_type="model", revision=revision,
+                             ignore_patterns=list(IGNORED), commit_message=f"Upload {plan.root.name} with raipack")
+    return str(getattr(info, "commit_url", info))

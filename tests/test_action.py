@@ -1,0 +1,167 @@
+"""The GitHub Action (action.yml at the repository root), its steps run here as the runner would run them.
+
+Each `run:` step of the composite action is run with bash in order, with GitHub's environment
+(GITHUB_ACTION_PATH, GITHUB_WORKSPACE, GITHUB_OUTPUT, RUNNER_TEMP), `${{ inputs.* }}` and
+`${{ steps.*.outputs.* }}` substituted as the runner substitutes them and each step's `if:` evaluated.
+The two `uses:` steps are GitHub's own actions (setup-python, upload-sarif) and are not run: the test
+checks what they would be given. Offline, the install step gets `--no-index --no-build-isolation
+--no-deps` through the action's `pip-args` input, in a venv the test made first whose .pth names the
+test environment's packages; on GitHub it installs the light raipack with its dependencies. The SARIF written is validated against
+the SARIF 2.1.0 JSON schema of OASIS (tests/data/sarif-schema-2.1.0.json: oasis-tcs/sarif-spec,
+sarif-2.1/schema/sarif-schema-2.1.0.json at e0583813964ec43cea53b6b531b402866095ed1f, an OASIS
+standard's schema, distributed under the OASIS IPR policy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from raipack.core import lfs
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())
+EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+
+
+def _value(ref: str, inputs: dict, outputs: dict):
+    kind, _, rest = ref.partition(".")
+    if kind == "inputs":
+        return inputs[rest]
+    if kind == "steps":
+        step, _, name = rest.partition(".outputs.")
+        return outputs.get(step, {}).get(name, "")
+    raise AssertionError(f"the test does not know the expression {ref!r}")
+
+
+def _substitute(text: str, inputs: dict, outputs: dict) -> str:
+    return EXPR.sub(lambda m: str(_value(m.group(1), inputs, outputs)), text)
+
+
+def _condition(expr: str | None, inputs: dict, outputs: dict) -> bool:
+    """The subset of GitHub's expression language action.yml uses: always(), &&, ||, ==, !=, '...' and references."""
+    if not expr:
+        return True
+    py = expr.replace("always()", "True").replace("&&", " and ").replace("||", " or ")
+    py = re.sub(r"\b(?:inputs|steps)\.[\w.-]+", lambda m: repr(_value(m.group(0), inputs, outputs)), py)
+    return bool(eval(py, {"__builtins__": {}}, {"True": True}))  # our own action.yml, read as data and checked above
+
+
+def _offline_venv(venv: Path) -> None:
+    """The venv the install step makes, made first with a .pth naming this test environment's
+    site-packages: pip then finds setuptools and wheel for the build and raipack's dependencies
+    there, offline, while the raipack the step installs into the venv comes first on its path."""
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
+    [site] = list(venv.glob("lib/python*/site-packages"))
+    (site / "_test_environment.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+
+
+def run_action(workspace: Path, work: Path, installed: dict | None = None, **inputs) -> dict:
+    """Run action.yml's steps; step id -> its outputs, plus the `uses:` steps' resolved `with:` under their names.
+    `installed`: the outputs of an earlier run's install step, whose raipack this run reuses instead of
+    building it again (each build costs about 15 s)."""
+    action_dir = work / "action"
+    if not action_dir.exists():
+        for name in ("pipeline", "stages", "schemas"):
+            shutil.copytree(ROOT / name, action_dir / name, ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("pyproject.toml", "README.md", "constraints.txt", "action.yml"):
+            shutil.copy2(ROOT / name, action_dir / name)
+    action = yaml.safe_load((action_dir / "action.yml").read_text())
+    assert action["runs"]["using"] == "composite"
+    values = {k: v.get("default", "") for k, v in action["inputs"].items()}
+    values.update(inputs)
+    outputs, used = ({"install": installed} if installed else {}), {}
+    (work / "bin").mkdir(parents=True, exist_ok=True)
+    if not (work / "bin" / "python3").exists():
+        os.symlink(getattr(sys, "_base_executable", sys.executable), work / "bin" / "python3")  # as setup-python would give: this one
+    env_base = {"PATH": f"{work / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(work), "GITHUB_ACTION_PATH": str(action_dir), "GITHUB_WORKSPACE": str(workspace),
+                "RUNNER_TEMP": str(work / "runner-temp"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "NO_COLOR": "1"}
+    (work / "runner-temp").mkdir(parents=True, exist_ok=True)
+    if not installed:
+        _offline_venv(work / "runner-temp" / "raipack-venv")
+    for step in action["runs"]["steps"]:
+        if not _condition(step.get("if"), values, outputs) or (installed and step.get("id") == "install"):
+            continue
+        if "uses" in step:
+            used[step["uses"]] = {k: _substitute(str(v), values, outputs) for k, v in step.get("with", {}).items()}
+            continue
+        out_file = work / f"output-{step.get('id', len(outputs))}"
+        out_file.touch()
+        env = {**env_base, "GITHUB_OUTPUT": str(out_file), **{k: _substitute(str(v), values, outputs) for k, v in step.get("env", {}).items()}}
+        assert "${{" not in step["run"], "inputs reach run scripts through env only (no expression injection)"
+        proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=workspace, env=env, capture_output=True, text=True, timeout=600)
+        outputs[step.get("id", step["name"])] = dict(line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line)
+        outputs[step.get("id", step["name"])]["_rc"] = proc.returncode
+        outputs[step.get("id", step["name"])]["_log"] = proc.stdout + proc.stderr
+        if proc.returncode:
+            break
+    outputs["_uses"] = used
+    return outputs
+
+
+OFFLINE = {"pip-args": "--no-index --no-build-isolation --no-deps"}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The action's install step run once (in a workspace of its own) for the tests after the first."""
+    work = tmp_path_factory.mktemp("action-install")
+    (work / "ws").mkdir()
+    out = run_action(work / "ws", work, **{"upload-sarif": "false"}, **OFFLINE)
+    assert out["install"]["_rc"] == 0, out["install"]["_log"]
+    venv = work / "runner-temp" / "raipack-venv"
+    assert out["install"]["raipack"] == str(venv / "bin" / "raipack")
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import raipack; print(raipack.__file__)"], capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(venv)), where  # the raipack the action installed runs, not the test's
+    assert out["validate"]["exit-code"] == "3"  # an empty repository: nothing to validate, and the job fails
+    assert out["Fail on raipack's exit code"]["_rc"] == 3
+    return work, out["install"]
+
+
+@pytest.fixture
+def workspace(tmp_path, make_pkg):
+    ws = tmp_path / "repo"
+    ws.mkdir()
+    good = make_pkg("1.8.0-npu-16K")
+    shutil.copytree(good, ws / "models" / good.name)
+    return ws
+
+
+def test_action_validates_and_writes_sarif_code_scanning_reads(workspace, installed):
+    work, install = installed
+    pkg = next((workspace / "models").iterdir())
+    with open(pkg / "weights.extra", "wb") as fh:  # 11 MiB, sparse, in no LFS rule: RP110
+        fh.truncate(11 * 2**20)
+    out = run_action(workspace, work, install, paths="models", strictness="errors", **{"for": "hub"})
+    assert out["validate"]["exit-code"] == "1"  # RP110 is an error --for hub
+    sarif_path = workspace / out["validate"]["sarif-file"]
+    sarif = json.loads(sarif_path.read_text())
+    jsonschema.Draft4Validator(SCHEMA).validate(sarif)
+    [result] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "RP110"]
+    assert result["level"] == "error"
+    location = result["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert location["uri"] == f"models/{pkg.name}/weights.extra" and location["uriBaseId"] == "SRCROOT"  # relative to the repository
+    assert out["_uses"]["github/codeql-action/upload-sarif@v3"]["sarif_file"] == "raipack.sarif"
+    fail = out["Fail on raipack's exit code"]
+    assert fail["_rc"] == 1 and "exited with 1" in fail["_log"]
+
+
+def test_action_passes_a_clean_package_and_fails_a_bad_input(workspace, installed):
+    work, install = installed
+    pkg = next((workspace / "models").iterdir())
+    lfs.write(pkg)
+    out = run_action(workspace, work, install, paths=f"models/{pkg.name}", strictness="warnings", **{"upload-sarif": "false"})
+    assert out["validate"]["exit-code"] == "0", out["validate"]["_log"]
+    jsonschema.Draft4Validator(SCHEMA).validate(json.loads((workspace / "raipack.sarif").read_text()))
+    assert out["_uses"] == {"actions/setup-python@v5": {"python-version": "3.11"}} and out["Fail on raipack's exit code"]["_rc"] == 0
+    out = run_action(workspace, work, install, strictness="loud")
+    assert out["validate"]["_rc"] == 2 and "strictness is 'loud'" in out["validate"]["_log"]

@@ -19,7 +19,7 @@ from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.package import JSON_MAX_BYTES, Package, ReadError
 from raipack.core.textsafe import safe
-from raipack.validate import validate_all
+from raipack.validate import for_destination, validate_all
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CARD = "README.md"
@@ -54,7 +54,7 @@ def upload_plan(path: Path, repo_id: str | None = None) -> Plan:
     path = Path(path)
     if repo_id is not None and not REPO_ID.match(repo_id):
         raise UsageError(f"--repo is {repo_id!r}; expected a Hub repository id OWNER/NAME", "for example --repo my-org/Llama-3.2-1B-Instruct_rai_1.8.0_npu_16K")
-    outcomes = validate_all([path], destination="hub")  # also the usage errors: no folder, no package (exit 3)
+    outcomes = for_destination(validate_all([path]), "hub")  # also the usage errors: no folder, no package (exit 3)
     if len(outcomes) != 1:
         raise UsageError(f"{path} is a folder of {len(outcomes)} packages; publish takes one package folder", f"publish each one: raipack publish {path}/NAME")
     outcome = outcomes[0]

@@ -52,6 +52,8 @@ def rebuild(name: str, root: Path) -> Path:
         elif rel.endswith(".json"):
             text = json.dumps(_json_stand_in(rel)).encode()
             path.write_bytes(text + b" " * (entry["size"] - len(text)))  # JSON allows trailing whitespace
+        elif rel.endswith((".txt", ".md", ".jinja")):  # text stays text (a sparse file of zeros reads as binary)
+            path.write_bytes(b" " * entry["size"])
         elif not path.exists():
             with open(path, "wb") as fh:
                 fh.truncate(entry["size"])

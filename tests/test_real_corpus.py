@@ -70,7 +70,7 @@ def test_amd_package_is_judged_as_the_docs_table_says(tmp_path, name):
 def test_amd_16_npu_configuration_exits_0_with_a_warning_naming_the_4096_token_limit(tmp_path):
     result = validate(rebuild("Qwen-2.5-1.5B-Instruct-onnx-ryzenai-npu", tmp_path))
     assert not result.failed()
-    [warning] = [f for f in result.findings if f.severity == "warning"]
+    [warning] = [f for f in result.findings if f.severity == "warning" and f.check_id != "RP110"]  # RP110: the Hub push, docs/amd-packages.md
     assert warning.check_id == "RP501" and "4096 tokens" in warning.message and "32768" in warning.message
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import replace
 
 from raipack.checks.base import check
 from raipack.core import lfs
+from raipack.core.members import compact
 from raipack.core.package import SCAN, ReadError
 from raipack.data import load_data
 from raipack.npu import catalog
@@ -53,12 +55,19 @@ def hub_lfs_rule(ctx):
         yield ctx.finding(lfs.NAME, str(exc), exc.hint or "check the file")
         return
     sizes = {rel: fe.size for rel, fe in ctx.pkg.files.items() if not fe.lfs and not fe.symlink}
-    for planned in lfs.plan(sizes, attrs, lambda rel: lfs.is_binary(ctx.pkg, rel)):
-        if planned.refused:
-            rule = attrs.rule_for(planned.path, "filter")
-            why = f"; {rule.base + '/' if rule.base else ''}{lfs.NAME} line {rule.line} ({rule.pattern}) keeps it out" if rule else ""
-            yield ctx.finding(planned.path, f"is {planned.size / 2**20:.1f} MiB, {planned.refused}{why}",
-                              f"add this line to {lfs.NAME}: {lfs.suggested_rule(planned.path)}")
+    refused = [p for p in lfs.plan(sizes, attrs, lambda rel: lfs.is_binary(ctx.pkg, rel)) if p.refused]
+    if len(refused) > 1:  # one finding on the file to edit, every file kept in `members`
+        total = sum(p.size for p in refused) / 2**20
+        yield replace(ctx.finding(lfs.NAME, f"{compact([p.path for p in refused])}: {len(refused)} files ({total:.1f} MiB) the Hub refuses outside Git LFS "
+                                            f"(over 10 MiB, or binary and over 1 MB), and no rule of {lfs.NAME} puts them into LFS",
+                                  f"add these lines to {lfs.NAME}: " + "; ".join(sorted({lfs.suggested_rule(p.path) for p in refused})[:5])),
+                      members=tuple(p.path for p in refused))
+        return
+    for planned in refused:
+        rule = attrs.rule_for(planned.path, "filter")
+        why = f"; {rule.base + '/' if rule.base else ''}{lfs.NAME} line {rule.line} ({rule.pattern}) keeps it out" if rule else ""
+        yield ctx.finding(planned.path, f"is {planned.size / 2**20:.1f} MiB, {planned.refused}{why}",
+                          f"add this line to {lfs.NAME}: {lfs.suggested_rule(planned.path)}")
 
 
 @check("RP103", "empty-file")

@@ -98,11 +98,14 @@ def _split_pattern(line: str) -> tuple[str | None, str]:
             return None, ""
         return unquote(match.group(0)), line[match.end() :]
     match = re.match(r"[^ \t\r\n]+", line)
+    if match is None:
+        return None, ""
     return match.group(0), line[match.end() :]
 
 
 def _attr_values(tokens: list[str], macros: dict) -> tuple | None:
     out = []
+    value: object
     for tok in tokens:
         if tok.startswith("-"):
             name, value = tok[1:], False
@@ -200,7 +203,8 @@ def _bracket(pattern: str, i: int, pathname: bool) -> tuple[str | None, int]:
     j = i + 1
     negate = j < len(pattern) and pattern[j] in "!^"
     j += negate
-    parts, first = [], True
+    parts: list[str] = []
+    first = True
     while j < len(pattern):
         ch = pattern[j]
         if ch == "]" and not first:

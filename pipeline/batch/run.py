@@ -27,10 +27,10 @@ def make_executor(kind: str, jobs: int, address: str | None, root: Path, warn: C
 
 def run_batch(matrix_path: Path, *, executor: str | None = None, address: str | None = None, jobs: int | None = None,
               line: Callable[[str], None] = print, warn: Callable[[str], None] = print, cache_root: Path | None = None,
-              memory_free=None, make=None) -> dict:
+              memory_free=None, make=None, max_entries: int | None = None) -> dict:
     """Build every entry of the matrix; the report document (pipeline/batch/report.py: document)."""
     start = time.perf_counter()
-    matrix = load(matrix_path)  # a bad matrix is refused here: nothing runs
+    matrix = load(matrix_path, max_entries)  # a bad matrix is refused here: nothing runs
     root = Path(cache_root) if cache_root else cache.cache_root()
     ex = (make or make_executor)(executor or matrix.executor or "local", jobs or matrix.jobs or 1, address, root, warn, memory_free)
     staging.hold(root)

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from raipack.core.hashing import sha256_many
-from raipack.core.package import JSON_MAX_BYTES
+from raipack.core.package import JSON_MAX_BYTES, JsonError, loads_strict
 from raipack.data import load_data
 
 MAX_MANIFEST_BYTES = 1 << 20
@@ -53,11 +53,13 @@ def load_json(path: Path, limit: int = JSON_MAX_BYTES):
             raise ValueError(f"{path.name} is not a regular file")
         if st.st_size > limit:
             raise ValueError(f"{path.name} is {st.st_size} bytes, over the {limit} raipack reads")
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return loads_strict(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise ValueError(f"{path.name} cannot be read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise ValueError(f"{path.name} is not JSON: {exc}") from None
+    except JsonError as exc:
+        raise ValueError(f"{path.name} {exc}") from None
 
 
 def read_manifest(root: Path) -> dict:

@@ -6,10 +6,10 @@ sentence naming the file and the field (UsageError, exit 2) before anything is w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from raipack.core.errors import UsageError
+from raipack.core.package import loads_strict
 
 MAX_BYTES = 64 << 20
 
@@ -19,7 +19,7 @@ def read_json(path: Path, what: str) -> dict:
     try:
         if path.stat().st_size > MAX_BYTES:
             raise UsageError(f"{path} is larger than {MAX_BYTES >> 20} MiB; expected {what}", "give the file raipack wrote")
-        doc = json.loads(path.read_text("utf-8"))
+        doc = loads_strict(path.read_text("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist; expected {what}", "give the path of the file raipack wrote") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -61,7 +61,21 @@ def bench(path: Path) -> dict:
             stats = row.get(key)
             if not isinstance(stats, dict) or not all(_number(v) for v in stats.values()) or not _number(stats.get("median")):
                 raise _bad(path, f"rows[{i}].{key}", "an object of numbers with a median", hint)
+        _fields(path, row, f"rows[{i}]", {"ran_on": str, "gen_tokens": int, "runs": int, "peak_rss_mb": (int, float, type(None))}, hint)
+    machine = doc.get("machine")
+    if machine is not None:
+        if not isinstance(machine, dict):
+            raise _bad(path, "machine", "an object", hint)
+        _fields(path, machine, "machine", {"cores": (int, type(None)), "cpu": str}, hint)
     return doc
+
+
+def _fields(path: Path, obj: dict, where: str, types: dict, hint: str) -> None:
+    """Every field the page shows present with its type (the template's StrictUndefined raised on a missing one)."""
+    for key, tp in types.items():
+        if key not in obj or isinstance(obj[key], bool) or not isinstance(obj[key], tp):
+            names = "/".join(t.__name__ for t in (tp if isinstance(tp, tuple) else (tp,)))
+            raise _bad(path, f"{where}.{key}", f"present as {names}", hint)
 
 
 def evaluation(path: Path) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -181,3 +182,25 @@ def test_bad_input_is_one_sentence_exit_2_and_nothing_written(built, tmp_path, m
 
     listed = {f["path"]: f["sha256"] for f in manifest.read(pkg)["files"]}["report.html"]
     assert hashlib.sha256((pkg / "report.html").read_bytes()).hexdigest() == listed
+
+
+@pytest.mark.parametrize("drop, field", [(("machine", "cores"), "machine.cores"), (("rows", "ran_on"), "rows[0].ran_on"),
+                                         (("rows", "gen_tokens"), "rows[0].gen_tokens"), (("machine", "cpu"), "machine.cpu")])
+def test_a_bench_json_missing_a_field_the_page_shows_is_one_sentence(tmp_path, drop, field):
+    """Issue 24: bench.json without machine.cores or rows[].ran_on was a jinja2 UndefinedError traceback."""
+    import copy
+
+    from raipack.core.errors import UsageError
+    from raipack.report.inputs import bench
+
+    doc = copy.deepcopy(BENCH)
+    where, key = drop
+    for obj in (doc["rows"] if where == "rows" else [doc["machine"]]):
+        obj.pop(key)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=rf"bench.json: field {re.escape(field)} is not present as") as info:
+        bench(path)
+    assert info.value.exit_code == 2
+    path.write_text(json.dumps(BENCH))
+    assert bench(path)["machine"]["cores"] == 2  # the complete one reads

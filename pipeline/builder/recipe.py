@@ -96,15 +96,12 @@ MAX_TOML_BYTES = 1 << 20  # a recipe or a matrix is a few KB
 
 def _plain_text(path: Path, what: str) -> str:
     """The file's text, opened without blocking and only when it is a plain file (a FIFO would hang the read)."""
-    import os
-    import stat
+    from raipack.core.package import ReadError, read_regular
 
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"{what} {path} is not a plain file (a folder, FIFO or device)", f"give the path of a .toml {what} file")
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(MAX_TOML_BYTES + 1)
+    try:
+        raw = read_regular(path, MAX_TOML_BYTES)
+    except ReadError:
+        raise UsageError(f"{what} {path} is not a plain file (a folder, FIFO or device)", f"give the path of a .toml {what} file") from None
     if len(raw) > MAX_TOML_BYTES:
         raise UsageError(f"{what} {path} is larger than {MAX_TOML_BYTES >> 20} MB", f"a {what} is a few KB: check the file")
     return raw.decode("utf-8")

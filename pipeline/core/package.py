@@ -351,6 +351,21 @@ def parse_json(text: str) -> tuple[object, list[DuplicateKey]]:
     return doc, [DuplicateKey(where.get(id(obj), ""), key, values) for obj, keys in doubled for key, values in keys]
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of `path`, opened without blocking and read only when it is a regular file
+    (ReadError otherwise: a FIFO would hang the read, a folder or device is no input)."""
+    fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReadError(f"{path} {NOT_REGULAR}", "give the file itself")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def loads_strict(text: str):
     """The one JSON reader for the files raipack reads that are not a package's (manifests, hand-overs, report
     inputs, model-package manifests): parse_json's rules, and a key given twice in one object is refused

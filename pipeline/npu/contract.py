@@ -227,6 +227,10 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
             continue
         attrs = {a.name: get_attribute_value(a) for a in node.attribute}
         kv = attrs.get("kv_num_heads", attrs.get("num_heads"))
+        if not isinstance(kv, (int, type(None))) or not isinstance(attrs.get("num_heads"), (int, type(None))):
+            out.append(_f("export.io", node.name, f"{node.op_type} '{node.name}' has a head count attribute that is not an integer",
+                          "re-export; the builder writes kv_num_heads and num_heads as integers"))
+            continue
         if kv is not None and int(kv) != kv_heads:
             out.append(_f("export.io", node.name,
                           f"{node.op_type} '{node.name}' has kv_num_heads={kv}, genai_config.json says num_key_value_heads={kv_heads}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raipack.core.errors import UsageError
-from raipack.core.package import loads_strict
+from raipack.core.package import JsonError, ReadError, loads_strict, read_regular
 
 MAX_BYTES = 64 << 20
 
@@ -17,9 +17,14 @@ MAX_BYTES = 64 << 20
 def read_json(path: Path, what: str) -> dict:
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_BYTES:
+        raw = read_regular(path, MAX_BYTES)
+        if len(raw) > MAX_BYTES:
             raise UsageError(f"{path} is larger than {MAX_BYTES >> 20} MiB; expected {what}", "give the file raipack wrote")
-        doc = loads_strict(path.read_text("utf-8"))
+        doc = loads_strict(raw.decode("utf-8"))
+    except JsonError as exc:  # a ReadError too: first
+        raise UsageError(f"{path} is not JSON ({exc}); expected {what}", "give the file raipack wrote") from None
+    except ReadError as exc:
+        raise UsageError(f"{exc}; expected {what}", "give the file raipack wrote") from None
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist; expected {what}", "give the path of the file raipack wrote") from None
     except (OSError, UnicodeDecodeError) as exc:

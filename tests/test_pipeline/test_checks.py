@@ -293,3 +293,26 @@ def test_empty_config_json_is_accepted_where_the_profile_allows(make_pkg):
     (pkg / "config.json").write_text("{}")
     result = validate(pkg)
     assert [f for f in result.findings if f.severity == "error"] == []
+
+
+def test_one_bit_flipped_in_an_exports_model_onnx_is_a_finding_never_a_traceback(tmp_path):
+    """Issue 24: a flipped bit in model.onnx gave TypeErrors in pipeline/npu/contract.py (a name protobuf hands back as
+    bytes when it is no longer UTF-8 compared with text; a head count attribute turned into a list). A name made
+    non-UTF-8 is RP701's unparseable graph; 400 seeded flips anywhere end in findings."""
+    import random
+
+    pkg = tmp_path / "export"
+    shutil.copytree(reference_export()[0], pkg)
+    for p in pkg.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    raw = (pkg / "model.onnx").read_bytes()
+    at = raw.index(b"input_ids")
+    (pkg / "model.onnx").write_bytes(raw[:at] + bytes([raw[at] ^ 0x80]) + raw[at + 1:])
+    found = [(f.check_id, f.severity) for f in validate(pkg).findings]
+    assert ("RP701", "error") in found, found
+    rng = random.Random(24)
+    for _ in range(400):
+        data = bytearray(raw)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        (pkg / "model.onnx").write_bytes(bytes(data))
+        validate(pkg)  # any exception fails the test

@@ -204,3 +204,14 @@ def test_a_bench_json_missing_a_field_the_page_shows_is_one_sentence(tmp_path, d
     assert info.value.exit_code == 2
     path.write_text(json.dumps(BENCH))
     assert bench(path)["machine"]["cores"] == 2  # the complete one reads
+
+
+def test_make_test_waits_for_another_apt_holding_the_lock():
+    """Issue 24: `make test`'s chromium install failed at once when another apt held the lock; it waits, bounded."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["make", "-n", "-B", "chromium"], cwd=root, capture_output=True, text=True, check=True)
+    calls = done.stdout.split("apt-get")[1:]
+    assert len(calls) == 2 and all(c.lstrip().startswith("-o DPkg::Lock::Timeout=120") for c in calls), done.stdout

@@ -10,7 +10,9 @@ from pathlib import Path
 from raipack import __version__
 from raipack.core.hashing import sha256_many
 from raipack.core.output import atomic_write_text
-from raipack.core.package import loads_strict, role_of
+from raipack.core.package import ReadError, loads_strict, read_regular, role_of
+
+MAX_BYTES = 64 << 20  # a manifest lists files: a few KB to a few MB
 
 NAME = "manifest.json"
 INCOMPLETE = ".raipack-incomplete"  # present while raipack is still writing a folder
@@ -83,8 +85,9 @@ def describe(folder: Path, kind: str, *, stage: dict | None = None, lineage: dic
 def read(folder: Path) -> dict | None:
     """The manifest of a finished folder, or None (missing, broken, incomplete)."""
     try:
-        doc = loads_strict((Path(folder) / NAME).read_text("utf-8"))
-    except (OSError, ValueError):  # JsonError is a ValueError: duplicate keys, non-finite numbers, deep nesting
+        raw = read_regular(Path(folder) / NAME, MAX_BYTES)  # never blocks on a FIFO put in its place
+        doc = loads_strict(raw.decode("utf-8")) if len(raw) <= MAX_BYTES else None
+    except (OSError, ValueError, ReadError):  # JsonError is a ValueError: duplicate keys, non-finite numbers, deep nesting
         return None
     return doc if isinstance(doc, dict) and doc.get("complete") is True else None
 

@@ -361,8 +361,15 @@ def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path
                           "re-save the model with its external data beside model.onnx"))
             continue
         if loc not in resolved:
-            resolved[loc] = (graph_dir / Path(*p.parts)).resolve()
+            try:
+                resolved[loc] = (graph_dir / Path(*p.parts)).resolve()
+            except (RuntimeError, OSError):  # a symlink loop (Python 3.11 raises RuntimeError from resolve)
+                resolved[loc] = None
         path = resolved[loc]
+        if path is None:
+            out.append(_f("export.external_data", t.name, f"{name} points at '{loc}', a symlink loop",
+                          "replace the symlink by the real file"))
+            continue
         if base != path and base not in path.parents:
             out.append(_f("export.external_data", t.name,
                           f"{name} points at '{loc}', which resolves outside the model folder",

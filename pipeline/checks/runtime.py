@@ -34,14 +34,15 @@ def _opened(ctx) -> list[str]:
 
 @check("RP111", "runtime-files")
 def runtime_files(ctx):
-    """Every file the runtime opens is a file. A folder where the runtime opens
+    """Every file the runtime opens is a file (any package). A folder where the runtime opens
     a file (`model.bin`, `tokenizer_config.json`, a `dd_metastate_*` member)
     fails the load: onnxruntime-genai and its tokenizer open these by name,
     and the NPU runtime opens a metastate file it finds instead of compiling
     it again. A release's own extra files are required by name
     (`pipeline/data/runtime_files.json`: `cache/txn_bins.zip` of the 1.7.1 and
     1.8 NPU layouts, which every published 1.8 package carries, the AMD package facts
-    §1 [V3]). Each dd_metastate node of an AMD layout has its
+    §1 [V3]) of a package in AMD's layout (not one raipack built, whose own
+    formats name their files: RP901–RP905). Each dd_metastate node of an AMD layout has its
     `cache/<node>_meta.json`, the node's tensor map (AMD's 1.6 NPU packages pair
     `dd_metastate_Llm_Token_MatMulNBits_2_0.*` with
     `.cache/MatMulNBits_2_0_meta.json`, §1 [V]; §6 and AMD's VAIP pass
@@ -57,6 +58,8 @@ def runtime_files(ctx):
     for d in sorted(ctx.pkg.dirs):
         if d.rsplit("/", 1)[-1].startswith(PREFIX):
             yield ctx.finding(d, "is a folder, but the NPU runtime opens it as a dd_metastate file", COPY)
+    if _raipack_layout(ctx):
+        return  # raipack's own formats name their files themselves (RP901–RP905)
     cache = _cache_dir(ctx) or "cache"
     for extra in _rules()["extra"]:
         if any(fnmatch.fnmatchcase(ctx.profile["id"], p) for p in extra["profiles"]):
@@ -64,6 +67,13 @@ def runtime_files(ctx):
             if rel not in ctx.pkg.files:
                 yield ctx.finding(rel, f"is missing: profile {ctx.profile['id']} packages carry it ({extra['why'].split(':')[0]})", COPY)
     yield from _node_meta(ctx, cache)
+
+
+def _raipack_layout(ctx) -> bool:
+    """A package raipack built (its manifest says so) or checked as a reference profile: not AMD's layout."""
+    from raipack.npu.profile import built_by_raipack
+
+    return ctx.profile.get("target") == "reference" or built_by_raipack(ctx.pkg) is not None
 
 
 def _node_meta(ctx, cache: str):

@@ -160,6 +160,8 @@ CASES = [
     ("tier-extra", "reference-16K", lambda p: (_write("dd_metastate_Llm_Token_decoder_5000.state", b"{}")(p), _write("dd_metastate_Llm_Token_decoder_5000.plan", b"{}")(p), write_manifest(p)), "RP602", "warning", "5000"),
     ("tier-too-small", "reference-16K", lambda p: (_json(GENAI, lambda d: d["search"].__setitem__("max_length", 20000))(p), _json(GENAI, lambda d: d["model"].__setitem__("context_length", 32768))(p), write_manifest(p)), "RP602", "error", "16384"),
     ("const-missing", P16, _rm("cache/MatMulNBits_0_0_wts.const"), "RP603", "error", "cache/MatMulNBits_0_0_meta.json"),
+    ("txn-bins-missing", P16, _rm("cache/txn_bins.zip"), "RP111", "error", "cache/txn_bins.zip"),  # issue 24
+    ("node-meta-missing", P16, _rm("cache/MatMulNBits_0_0_meta.json"), "RP111", "error", "cache/MatMulNBits_0_0_meta.json"),
     ("const-size", P16, _write("cache/MatMulNBits_1_0_wts.const", b"short"), "RP603", "error", "cache/MatMulNBits_1_0_wts.const"),
     ("graph-garbage", P16, _write("model.onnx", b"\x08\x07garbage" * 10), "RP701", "error", "model.onnx"),
     ("data-truncated", P16, _truncate("model.onnx.data", 100), "RP702", "error", "model.onnx"),

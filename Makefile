@@ -56,8 +56,11 @@ SLOW_LIMIT ?= 2400
 GUARD = -o faulthandler_exit_on_timeout=true -o faulthandler_timeout=
 # tests/test_pipeline/test_report_html.py opens report.html in a real browser: Debian's chromium,
 # installed here when missing (apt-get: run as root). Without it that test fails, it never skips quietly.
+# Another apt holding the lock (unattended upgrades) is waited for, at most APT_LOCK_WAIT seconds.
+APT_LOCK_WAIT ?= 120
+APT = apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT)
 chromium:
-	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
+	@command -v chromium >/dev/null || ($(APT) update && $(APT) install -y --no-install-recommends chromium)
 
 # The two venvs and chromium install side by side (apt and pip wait on different things).
 test:

@@ -31,6 +31,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from raipack.checks.consistency import sliding_layers
+from raipack.data import load_data
 from raipack.npu.layout import weights_sibling
 from raipack.npu.profile import get as get_profile
 from seed_models import FAMILIES
@@ -304,6 +305,7 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, name: st
         write_blob(pkg / lay.header, 256, False, 2)
     if lay.cache:
         _cache(pkg / lay.cache, d, sparse)
+        _release_extras(pkg, profile, lay.cache)
     if profile["metastate"]["required"] or profile["metastate"]["siblings"]:
         _metastate(pkg, profile, d, max_length)
     write_hub_gitattributes(pkg)
@@ -345,6 +347,17 @@ def _cache(folder: Path, d: Dims, sparse: bool) -> None:
             "dd_meta_major_version": 1, "dd_meta_minor_version": 4,
             "op_list": [{"name": node, "type": "MladfMatMul", "attrs": {"bits": 4, "block_size": d.group_size, "K": d.hidden, "N": d.hidden, "total_seq_len": 4096}}],
             "tensor_map": consts, "state_table_updates": []})
+
+
+def _release_extras(pkg: Path, profile: dict, cache: str) -> None:
+    """The files a release's runtime opens beyond the profile's list (pipeline/data/runtime_files.json)."""
+    import fnmatch
+    import zipfile
+
+    for extra in load_data("runtime_files.json")["extra"]:
+        if any(fnmatch.fnmatchcase(profile["id"], p) for p in extra["profiles"]):
+            with zipfile.ZipFile(pkg / extra["file"].format(cache=cache), "w") as zf:
+                zf.writestr("txn_0.bin", b"\0" * 64)
 
 
 def _metastate(pkg: Path, profile: dict, d: Dims, max_length: int | None) -> None:

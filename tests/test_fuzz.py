@@ -409,6 +409,9 @@ def _alarm(signum, frame):
     raise Hang(f"still running after {CASE_SECONDS} s")
 
 
+UNSET = ("RYZENAI_EP_PATH", "RYZEN_AI_INSTALLATION_PATH")  # no provider library of this machine in a case
+
+
 def invoke(argv: list[str], cwd: Path, env: dict[str, str]):
     """Run the CLI in this process; return (exit code, output, escaped exception text)."""
     from raipack.cli import main
@@ -419,6 +422,8 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]):
     code = None
     os.chdir(cwd)
     os.environ.update(env)
+    for name in UNSET:
+        os.environ.pop(name, None)
     old_handler = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CASE_SECONDS)
     try:
@@ -445,7 +450,9 @@ def _allowed(cmd: str, rel: str, target_rel: str) -> bool:
         return rel.startswith(("out", "cache"))
     if cmd == "tune":
         name = rel.rsplit("/", 1)[-1]
-        return rel.startswith(target_rel + "/") and (name == "genai_config.json" or name.startswith(("genai_config.json.", ".genai_config.json.")) or rel.endswith(".json"))
+        # genai_config.json, its backup and its temporary, and raipack's manifest.json (rewritten in a package raipack built)
+        return rel.startswith(target_rel + "/") and (name in ("genai_config.json", "manifest.json")
+                                                     or name.startswith(("genai_config.json.", ".genai_config.json.", ".manifest.json.")))
     return False
 
 
@@ -465,7 +472,7 @@ def _argv(cmd: str, rng: random.Random, target: Path, case_root: Path, ctx: dict
         prompt = rng.choice(["What is the capital of France?", "", "\udcff\udcfe invalid bytes", "\x1b[2J" * 10, "word " * 5000, "Paris"])
         return ["run", str(target), "--prompt", prompt, "-n", str(rng.choice([1, 4, 8]))] + rng.choice([[], ["--raw"], ["--sdk-version", "1.3.0"]])
     return ["build", str(target), "--until", "quantize", "--output", str(case_root / "out"), "--algorithm", "rtn", "--group-size", "64",
-            "--quiet"] + rng.choice([[], ["--profile", "1.8.0-npu-4K"], ["--trust-remote-code"]][:2])
+            "--quiet"] + rng.choice([[], ["--profile", "1.8.0-npu-4K"], ["--trust-remote-code"]])
 
 
 @pytest.mark.fuzz
@@ -502,7 +509,6 @@ def test_fuzz(case, tmp_path, trap_library, request):
     before = _snapshot(root)
     env = {"RAIPACK_CACHE": str(root / "cache"), "XDG_CACHE_HOME": str(root / "cache" / "xdg"), "NO_COLOR": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("RYZENAI_EP_PATH", None)
     code, output, escaped = invoke(argv, ctx["cwd"], env)
     what = f"{case}: raipack {' '.join(a[:60] for a in argv[:1])} after {applied}"
 
@@ -521,3 +527,295 @@ def test_fuzz(case, tmp_path, trap_library, request):
     if cmd == "build" and code != 0:  # a refused build leaves nothing that looks finished
         finished = [p for p in (root / "out").rglob("manifest.json")] if (root / "out").exists() else []
         assert not finished, f"{what}: refused but left {finished}"
+
+
+# ============================================================================ the input surface (issue 24)
+#
+# Five more inputs, each read in-process by the use case the command calls before it spends anything:
+# an eval task folder (raipack eval's folder check and the folder it writes for lm-eval), a batch matrix
+# (its loader), a hand-over folder (its reader), an ONNX Runtime model package (`raipack validate`) and
+# the report's inputs (their readers and the page's template). Same promises: a RaipackError with its
+# documented exit code or a result, no other exception, no marker, nothing written outside, no hang.
+
+INPUT_COUNTS = {"eval": 100, "batch": 100, "handover": 100, "modelpackage": 100, "report": 100}
+INPUT_CASES = [pytest.param(f"{kind}-{i}", id=f"{kind}-{i}") for kind, n in INPUT_COUNTS.items() for i in range(n)]
+
+TASK_YAML = ("task: capitals\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: capitals.jsonl\ntest_split: test\n"
+             "output_type: multiple_choice\ndoc_to_text: \"{{question}}\"\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: label\n"
+             "metric_list:\n  - metric: acc\n")
+YAML_ATTACKS = [
+    "process_docs: !function utils.process_docs\n", "class: !function utils.Task\n", "x: !!python/object/apply:os.system ['touch {marker}']\n",
+    "include: base.txt\n", "include: ../outside.yaml\n", "include: [capitals.yaml]\n", "include: 7\n",
+    "metric_list:\n  - metric: ./evm\n", "metric_list:\n  - metric: acc\n    aggregation: ./agg\n", "filter_list:\n  - name: f\n    filter:\n      - function: custom\n",
+    "dataset_path: ./ds\n", "dataset_kwargs:\n  data_files: ../outside.jsonl\n", "dataset_kwargs:\n  data_files: [/etc/passwd]\n",
+    "dataset_kwargs:\n  trust_remote_code: true\n", "custom_dataset: x\n", "unsafe_code: true\n", "bogus_key: 1\n", "task: [1, 2]\n",
+    "metadata:\n  a: &a [x, x, x, x, x, x, x, x, x]\n  b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n  c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+    "  d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n  e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n  f: [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
+    "metadata: " + "[" * 3000 + "]" * 3000 + "\n", "output_type: ranking\n", "<<: {task: other}\n", "task: capitals\n", "\t bad: [\n", "--- \n--- \n",
+    "doc_to_text: \"{{ cycler.__init__.__globals__.os.system('touch {marker}') }}\"\n",
+]
+
+
+def _yaml_mutation(rng, folder: Path, ctx) -> str:
+    kind = rng.choice(["attack", "attack", "attack", "link", "special", "bytes", "names", "file"])
+    target = folder / rng.choice(["capitals.yaml", "extra.yaml", "sub/more.yml"])
+    if target.is_symlink() or (target.exists() and not target.is_file()):  # an earlier mutation's FIFO or folder: writing would block
+        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    if target.parent.is_symlink() or (target.parent.exists() and not target.parent.is_dir()):
+        target = folder / "extra.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "attack":
+        attack = rng.choice(YAML_ATTACKS).replace("{marker}", str(ctx["markers"] / "ran"))
+        base = TASK_YAML if target.name == "capitals.yaml" or rng.random() < 0.5 else TASK_YAML.replace("capitals", "t" + str(rng.randrange(99)))
+        target.write_text(attack + base if rng.random() < 0.5 else base + attack)
+        return f"{target.name}: {attack[:40]!r}"
+    if kind == "link":
+        (folder / "sub").mkdir(exist_ok=True)
+        other = ctx["outside"] / "tasks"
+        other.mkdir(exist_ok=True)
+        (other / "evil.yaml").write_text(TASK_YAML + "process_docs: !function utils.process_docs\n")
+        name = folder / f"link{rng.randrange(9)}"
+        if name.exists() or name.is_symlink():
+            return f"{name.name} exists already"
+        name.symlink_to(rng.choice([other, folder / "sub", ctx["outside"] / "secret.json", "/etc", "missing"]))
+        return f"{name.name} -> link"
+    if kind == "file":
+        if (folder / "base.txt").exists() or (folder / "base.txt").is_symlink():
+            (folder / "base.txt").unlink()
+        (folder / "base.txt").write_text(rng.choice(["process_docs: !function utils.process_docs\n", TASK_YAML, "[1, 2]\n", "\x00\x01"]))
+        return "base.txt written"
+    return {"special": m_special, "bytes": m_file_bytes, "names": m_names}[kind](rng, folder, ctx)
+
+
+def _eval_case(rng, root: Path, ctx) -> tuple:
+    """A capitals task folder, mutated; raipack eval's folder check, then the folder it writes for lm-eval."""
+    from raipack.evaluation import taskfolder
+    from raipack.evaluation.run import Request, check_request
+
+    folder = root / "tasks"
+    folder.mkdir()
+    (folder / "capitals.yaml").write_text(TASK_YAML)
+    (folder / "capitals.jsonl").write_text('{"question": "Paris is the capital of", "choices": [" France", " Spain"], "label": 0}\n')
+    (folder / "utils.py").write_text(f"open({str(ctx['markers'] / 'imported')!r}, 'w').close()\ndef process_docs(ds):\n    return ds\n")
+    (folder / "evm").mkdir()
+    (folder / "evm" / "evm.py").write_text(f"open({str(ctx['markers'] / 'evaluate-loaded')!r}, 'w').close()\n")
+    applied = [_yaml_mutation(rng, folder, ctx) for _ in range(rng.choice([1, 1, 2, 3]))]
+    ws = root / "cwd" / "ws"
+
+    def run():
+        req = check_request(Request(["capitals"], include_path=folder))
+        taskfolder.write(taskfolder.read(req.include_path), ws)
+        assert not (ws / "utils.py").exists() and not list(ws.rglob("*.py")), "the written folder holds Python"
+
+    return applied, run, {"cwd/ws"}
+
+
+def _matrix_text(rng, root: Path, model: Path) -> tuple[str, str]:
+    models = rng.choice([1, 2, 3, 40, 2000])
+    profiles = rng.sample(["1.8.0-npu-16K", "1.8.0-npu-4K", "1.6-npu", "nope", "", "../x"], rng.choice([1, 2, 3]))
+    lines = ['output = "zoo"', f"profiles = {json.dumps(profiles)}"]
+    if rng.random() < 0.3:
+        lines.append("jobs = " + rng.choice(["0", "-1", "2", '"x"', "1e9"]))
+    for i in range(models):
+        key = rng.choice(["path", "path", "example", "junk"])
+        value = {"path": json.dumps(rng.choice([str(model), "../../etc", "/dev/zero", "missing", str(root / "outside")])),
+                 "example": "true", "junk": json.dumps(rng.choice(WEIRD_VALUES[:12]))}[key]
+        name = rng.choice([f"m{i}", f"m{i}", "dup", "", "\x1b[2J"])
+        lines += ["[[models]]", f"name = {json.dumps(name)}", f"{key} = {value}"]
+    if rng.random() < 0.4:
+        lines += ["[[overrides]]", f"name = {json.dumps(rng.choice(['a', 'b', '']))}", "[overrides.quantize]",
+                  f"{rng.choice(['group_size', 'algorithm', 'grup', 'device'])} = {json.dumps(rng.choice([64, 'awq', 'x', -1, [1]]))}"]
+    if rng.random() < 0.3:
+        lines += ["[recipe.smoke]", f"{rng.choice(['prompt', 'require_npu', 'nonsense'])} = {json.dumps(rng.choice(['hi', True, 3]))}"]
+    text = "\n".join(lines) + "\n"
+    kind = rng.choice(["plain"] * 6 + ["truncate", "deep", "bytes", "dup"])
+    if kind == "truncate":
+        text = text[: rng.randrange(len(text) + 1)]
+    elif kind == "deep":
+        text += "x = " + "[" * 4000 + "]" * 4000 + "\n"
+    elif kind == "bytes":
+        text = text[:20] + "\udcff" + text[20:]
+    elif kind == "dup":
+        text += 'output = "again"\n'
+    return text, f"{models} models, {profiles}, {kind}"
+
+
+def _batch_case(rng, root: Path, ctx) -> tuple:
+    from raipack.batch.matrix import load
+
+    model = root / "model"
+    shutil.copytree(ctx["model_folder"], model)
+    path = root / "matrix.toml"
+    text, applied = _matrix_text(rng, root, model)
+    if rng.random() < 0.1:
+        os.mkfifo(path)
+        applied = "the matrix is a FIFO"
+    else:
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    if rng.random() < 0.2:
+        m_special(rng, model, ctx) if rng.random() < 0.5 else m_json_text(rng, model, ctx)
+    return [applied], lambda: load(path), set()
+
+
+def _handover_case(rng, root: Path, ctx) -> tuple:
+    from raipack.builder import handover
+
+    folder = root / "carry"
+    shutil.copytree(ctx["handover_folder"], folder, symlinks=True)
+    for d in folder.rglob("*"):
+        d.chmod(0o755 if d.is_dir() else 0o644)
+    muts = [m_json_value, m_json_delete, m_json_text, m_file_bytes, m_delete, m_special, m_names]
+    applied = [m(rng, folder, ctx) for m in rng.sample(muts, rng.choice([1, 1, 2]))]
+    if rng.random() < 0.15:
+        stage = rng.choice([p for p in folder.iterdir() if p.is_dir()] or [folder])
+        if stage != folder:
+            shutil.move(stage, ctx["outside"] / stage.name)
+            stage.symlink_to(ctx["outside"] / stage.name)
+            applied.append(f"{stage.name} is a symlink")
+
+    def run():
+        carried = handover.read(folder)
+        handover.recipe_from(carried, None, {})
+
+    return applied, run, set()
+
+
+def _modelpackage_case(rng, root: Path, ctx) -> tuple:
+    pkg = root / "Model.ortpackage"
+    shutil.copytree(ctx["model_package"], pkg, symlinks=True)
+    for d in pkg.rglob("*"):
+        if not d.is_symlink():
+            d.chmod(0o755 if d.is_dir() else 0o644)
+    muts = [m_json_value, m_json_value, m_json_delete, m_json_text, m_file_bytes, m_delete, m_special, m_lfs_pointer, m_names]
+    applied = [m(rng, pkg, ctx) for m in rng.sample(muts, rng.choice([1, 1, 2]))]
+    return applied, ["validate", str(pkg)] + rng.choice([[], ["--format", "json"], ["--strict"]]), set()
+
+
+def _report_case(rng, root: Path, ctx) -> tuple:
+    from raipack.report import collect, inputs, page
+
+    data = root / "inputs"
+    data.mkdir()
+    for name, doc in ctx["report_inputs"].items():
+        (data / name).write_text(json.dumps(doc))
+    muts = [m_json_value, m_json_value, m_json_delete, m_json_delete, m_json_text, m_special]
+    applied = [m(rng, data, ctx) for m in rng.sample(muts, rng.choice([1, 1, 2, 3]))]
+
+    def run():
+        report = inputs.build_report(data / "report.json")
+        bench, evaluation = inputs.bench(data / "bench.json"), inputs.evaluation(data / "eval.json")
+        html = page.render(collect.page_data("pkg", ctx["summary"], [], report, bench, evaluation))
+        assert "<script" not in html.lower()
+
+    return applied, run, set()
+
+
+@pytest.fixture(scope="session")
+def model_package() -> Path:
+    """The factory's ONNX Runtime model package of the reference-4K package (read-only: cases copy it)."""
+    from factory import model_package as assembled
+
+    return assembled()
+
+
+@pytest.fixture(scope="session")
+def handover_folder(tmp_path_factory) -> Path:
+    """A hand-over of the fake stages (`raipack build --until export --handover`), read-only for the cases."""
+    import fake_stages
+    from raipack.cli import main
+
+    home = tmp_path_factory.mktemp("fuzz-handover")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAIPACK_CACHE", str(home / "cache"))
+        mp.setattr(fake_stages, "CALLS", home / "calls.txt")
+        mp.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
+        mp.chdir(home)
+        with pytest.raises(SystemExit) as done:
+            main(["build", "--until", "export", "--handover", "carry", "--name", "Tiny"])
+        assert done.value.code == 0
+    return home / "carry"
+
+
+@pytest.fixture(scope="session")
+def report_inputs(fused_package) -> tuple[dict, dict]:
+    """(the page's inputs a build and `raipack bench`/`eval` write, the package's summary)."""
+    from raipack.summary import summary
+    from raipack.validate import validate
+
+    result = validate(fused_package)
+    summ = summary(fused_package, result.profile)
+    summ["profile_reason"] = result.profile_reason
+    report = json.loads((fused_package / "report.json").read_text()) if (fused_package / "report.json").is_file() else \
+        {"format": "raipack-build-report", "stages": [{"name": "fuse", "seconds": 1.0, "report": {}}], "tools": {}, "findings": []}
+    bench = {"format": "raipack-bench", "format_version": 1, "package": "p", "date": "2026-12-02", "machine": {"cores": 2, "cpu": "cpu"},
+             "rows": [{"backend": "reference", "ran_on": "cpu", "prompt_tokens": n, "gen_tokens": 16, "runs": 3, "peak_rss_mb": 300.0,
+                       "ttft_ms": {"median": n, "min": n * 0.9, "max": n * 1.2}, "tokens_per_s": {"median": 40.0, "min": 38.0, "max": 41.0}}
+                      for n in (128, 256)], "ratios": []}
+    evaluation = {"results": {"t": {"acc,none": 0.5, "acc_stderr,none": 0.1}}, "configs": {}, "versions": {}, "n-shot": {},
+                  "raipack": {"target": "p", "kind": "package", "ran_on": "cpu"}}
+    return {"report.json": report, "bench.json": bench, "eval.json": evaluation}, summ
+
+
+INPUT_KINDS = {"eval": _eval_case, "batch": _batch_case, "handover": _handover_case, "modelpackage": _modelpackage_case, "report": _report_case}
+
+
+def _call(run) -> tuple[int | None, str, str]:
+    """A use case called in-process under the alarm: (exit code of its RaipackError or 0, its sentence, an escaped exception)."""
+    from raipack.core.errors import RaipackError
+
+    old_handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(CASE_SECONDS)
+    try:
+        run()
+        return 0, "", ""
+    except RaipackError as exc:
+        return exc.exit_code, str(exc), ""
+    except BaseException:
+        return None, "", traceback.format_exc()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_handler)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("case", INPUT_CASES)
+def test_fuzz_input(case, tmp_path, request, monkeypatch):
+    kind = case.rsplit("-", 1)[0]
+    rng = random.Random(case)
+    root = tmp_path / "case"
+    markers, outside, cwd = root / "markers", root / "outside", root / "cwd"
+    for d in (markers, outside, cwd):
+        d.mkdir(parents=True)
+    (outside / "secret.json").write_text('{"secret": true}')
+    ctx = {"markers": markers, "outside": outside, "cwd": cwd}
+    fixture = {"batch": "model_folder", "handover": "handover_folder", "modelpackage": "model_package", "report": "report_inputs"}.get(kind)
+    if fixture:
+        ctx[fixture] = request.getfixturevalue(fixture)
+    if kind == "report":
+        ctx["report_inputs"], ctx["summary"] = ctx["report_inputs"]
+        monkeypatch.setattr("raipack.report.plots.stage_bars", lambda stages, prefix="": "".join(str(float(s.get("seconds", 0))) for s in stages))
+        monkeypatch.setattr("raipack.report.plots.against_length", lambda series, key, ylabel, prefix: str(sum(len(v) for v in series.values())))
+    monkeypatch.setenv("RAIPACK_CACHE", str(root / "cache"))
+    for name in UNSET:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(cwd)
+    applied, action, allowed = INPUT_KINDS[kind](rng, root, ctx)
+    before = _snapshot(root)
+    if isinstance(action, list):  # a command line
+        code, output, escaped = invoke(action, cwd, {"RAIPACK_CACHE": str(root / "cache"), "NO_COLOR": "1"})
+        documented = EXIT_CODES["validate"]
+    else:
+        code, output, escaped = _call(action)
+        documented = {0, 1, 2}
+    what = f"{case}: after {applied}"
+
+    assert not escaped, f"{what}\n{escaped}"
+    assert code in documented, f"{what}: exit {code}\n{output[-2000:]}"
+    assert "Traceback (most recent call last)" not in output, f"{what}\n{output[-3000:]}"
+    assert not any(markers.iterdir()), f"{what}: input code ran: {sorted(p.name for p in markers.iterdir())}"
+    if code:
+        assert output.strip(), f"{what}: exit {code} without a word"
+    after = _snapshot(root)
+    changed = sorted(rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)
+                     and not rel.startswith("cache") and not any(rel == a or rel.startswith(a + "/") for a in allowed))
+    assert not changed, f"{what}: wrote outside its output: {changed[:10]}"

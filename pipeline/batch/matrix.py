@@ -12,6 +12,7 @@ from raipack.builder.config import parse_config
 from raipack.builder.inputs import check_model_dir
 from raipack.core import schemas
 from raipack.core.errors import RaipackError, UsageError
+from raipack.data import load_data
 from raipack.npu import profile as profiles
 
 HINT = "see `raipack schemas matrix`"
@@ -39,11 +40,27 @@ class Matrix:
     model_package: dict = field(default_factory=dict)
 
 
-def load(path: Path) -> Matrix:
+def limits() -> dict:
+    return load_data("data/limits.json", "raipack.batch")
+
+
+def _count(path: Path, doc: dict, max_entries: int | None) -> None:
+    """Entries are models x profiles x override sets: counted from the lists' lengths, before any is expanded."""
+    bound = max_entries or limits()["max_entries"]
+    lengths = [len(doc.get(k)) if isinstance(doc.get(k), list) else 1 for k in ("models", "profiles", "overrides")]
+    total = lengths[0] * lengths[1] * max(lengths[2], 1)
+    if total > bound:
+        raise UsageError(f"{path}: {lengths[0]} models x {lengths[1]} profiles x {max(lengths[2], 1)} override sets make {total} entries, "
+                         f"above the limit of {bound}", "split the matrix, or raise the limit with --max-entries N")
+
+
+def load(path: Path, max_entries: int | None = None) -> Matrix:
     """Read and check a matrix file; every entry's recipe is checked too (its schema, its stages' options and
-    preflights), so a bad matrix builds nothing."""
+    preflights), so a bad matrix builds nothing. More entries than `max_entries` (limits.json's default) are refused
+    before any is expanded."""
     path = Path(path)
     doc = recipes.read_toml(path, "matrix")
+    _count(path, doc, max_entries)
     problems = schemas.errors("matrix", doc)
     if problems:
         pointer, message = problems[0]

@@ -51,17 +51,22 @@ class RayExecutor:
         # Ray's workers start in the driver's working folder with it first on sys.path: init from an
         # empty folder of ours, so no module planted in the user's current folder is ever imported.
         self._empty = tempfile.TemporaryDirectory(prefix="raipack-ray-")
+        if address:
+            probe(address)
         here = os.getcwd()
+        self.log = Path(tempfile.gettempdir()) / f"raipack-ray-{os.getpid()}.log"
         try:
             os.chdir(self._empty.name)
-            if address:
-                ray.init(address=address, **options)
-            else:  # a Ray of our own for this run, even where RAY_ADDRESS names a cluster
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+            with _stderr_to(self.log):  # Ray's own C++ lines (gcs_client.cc, ...) go to the log, not the terminal
+                if address:
+                    ray.init(address=address, **options)
+                else:  # a Ray of our own for this run, even where RAY_ADDRESS names a cluster
+                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             raise RaipackError(f"cannot start or reach {where}: {_first_line(exc)}",
-                               "start the head node with `ray start --head` and pass its host:port as --address" if address else "check that ray runs here (`ray start --head`)") from None
+                               ("start the head node with `ray start --head` and pass its host:port as --address" if address else "check that ray runs here (`ray start --head`)")
+                               + f"; Ray's log: {self.log}") from None
         finally:
             os.chdir(here)
 
@@ -127,6 +132,48 @@ def task_options(resources: dict, max_retries: int) -> dict:
     if custom:
         options["resources"] = custom
     return options
+
+
+CONNECT_SECONDS = 5.0
+
+
+def probe(address: str, seconds: float = CONNECT_SECONDS) -> None:
+    """A TCP connect to the head's host:port, bounded: Ray's own connect retries for minutes when nothing listens."""
+    import socket
+
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--address {address!r} is not host:port", "give the head node's host:port, e.g. --address 10.0.0.5:6379")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds):
+            pass
+    except OSError as exc:
+        why = f"no answer within {seconds:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
+        raise UsageError(f"no Ray cluster at {address} ({why})",
+                         "start the head node with `ray start --head` and pass its host:port as --address") from None
+
+
+class _stderr_to:
+    """File descriptor 2 into `path` while the block runs (the C++ side of a library writes there directly)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        import sys
+
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.sink = open(self.path, "a", encoding="utf-8", errors="replace")
+        os.dup2(self.sink.fileno(), 2)
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.sink.close()
 
 
 def _import_ray():

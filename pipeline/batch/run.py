@@ -38,6 +38,7 @@ class BatchOptions:
     cache_root: Path | None = None
     memory_free: Callable[[], int] | None = None  # the local pool's free-memory probe (tests fake it)
     make: Callable | None = None  # the executor factory (default: make_executor)
+    max_entries: int | None = None  # refuse a matrix of more entries (default: limits.json)
 
 
 def run_batch(matrix_path: Path, options: BatchOptions | None = None, /, **fields) -> dict:
@@ -45,9 +46,9 @@ def run_batch(matrix_path: Path, options: BatchOptions | None = None, /, **field
     BatchOptions' fields over `options`."""
     opts = replace(options or BatchOptions(), **fields)
     executor, address, jobs, line, warn, cache_root = opts.executor, opts.address, opts.jobs, opts.line, opts.warn, opts.cache_root
-    memory_free, make = opts.memory_free, opts.make
+    memory_free, make, max_entries = opts.memory_free, opts.make, opts.max_entries
     start = time.perf_counter()
-    matrix = load(matrix_path)  # a bad matrix is refused here: nothing runs
+    matrix = load(matrix_path, max_entries)  # a bad matrix is refused here: nothing runs
     root = Path(cache_root) if cache_root else cache.cache_root()
     ex = (make or make_executor)(executor or matrix.executor or "local", jobs or matrix.jobs or 1, address, root, warn, memory_free)
     staging.hold(root)

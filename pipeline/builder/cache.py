@@ -10,7 +10,10 @@ item (size, mtime, ctime, inode, mode) recorded in `<cache>/stamps/<stage>/<key>
 A lookup compares the stamp (microseconds); when anything differs, or on
 request, it hashes every file against the manifest's sha256. An entry whose
 bytes changed is discarded and rebuilt; one whose bytes are intact (a copied
-cache, a `touch`) is sealed again.
+cache, a `touch`) is sealed again. The manifest itself is trusted only as the
+key index recorded it at commit (`<cache>/index/<stage>/<key>.json`, its
+sha256): an entry rewritten together with its own manifest is not a hit, with
+or without --verify-cache (docs/security.md).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ except ImportError:  # Windows: no commit lock (a second writer's rename then fa
 ENV = "RAIPACK_CACHE"
 STAMPS = "stamps"
 LOCKS = "locks"
+INDEX = "index"  # <cache>/index/<stage>/<key>.json: the manifest digest each entry was committed with
 
 
 def cache_root() -> Path:
@@ -88,9 +92,10 @@ def lookup(stage: str, cache_key: str, root: Path | None = None, *, verify: bool
     doc = manifest.read(path)
     if doc is None or (path / manifest.INCOMPLETE).exists():
         return None  # a killed build's entry: rebuilt silently
-    if not verify and _read_stamp(path) == stamp(path):
+    problem = unrecorded(path)  # the entry's own manifest is only trusted as the key index recorded it
+    if problem is None and not verify and _read_stamp(path) == stamp(path):
         return path
-    problem = changed_file(path, doc)
+    problem = problem or changed_file(path, doc)
     if problem is None:
         seal(path)  # moved, copied or touched, bytes intact
         return path
@@ -101,6 +106,40 @@ def lookup(stage: str, cache_key: str, root: Path | None = None, *, verify: bool
                            f"remove it (`raipack cache clear {stage}`), or set ${ENV} to a folder you own") from None
     if warn:
         warn(f"cache: the {stage} entry {cache_key} was changed after it was cached ({problem}): discarded, rebuilding {stage}")
+    return None
+
+
+def _index_path(path: Path) -> Path:
+    """<cache>/index/<stage>/<key>.json for the entry <cache>/stages/<stage>/<key>."""
+    return path.parent.parent.parent / INDEX / path.parent.name / f"{path.name}.json"
+
+
+def _manifest_sha(path: Path) -> str | None:
+    try:
+        return hashlib.sha256((path / manifest.NAME).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def record(path: Path, doc: dict) -> None:
+    """The key index's record of the entry `path` about to be committed with manifest `doc`: the sha256 of the
+    manifest's bytes, outside the entry, written before the manifest (a build killed in between leaves a record
+    and no complete entry: no hit). A writer that rewrites an entry with a manifest of its own cannot make it
+    match without writing the index too."""
+    target = _index_path(Path(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(manifest.text(doc).encode("utf-8")).hexdigest()
+    atomic_write_text(target, json.dumps({"manifest_sha256": digest}))
+
+
+def unrecorded(path: Path) -> str | None:
+    """Why the entry's manifest is not the one the key index recorded at commit (None when it is)."""
+    try:
+        recorded = json.loads(_index_path(path).read_text()).get("manifest_sha256")
+    except (OSError, ValueError, AttributeError):
+        return "the key index has no record of it"
+    if recorded is None or recorded != _manifest_sha(path):
+        return f"{manifest.NAME} is not the one the key index recorded at commit"
     return None
 
 
@@ -173,6 +212,7 @@ def discard(path: Path) -> None:
     remove(aside)
     os.rename(path, aside)
     _stamp_path(path).unlink(missing_ok=True)
+    _index_path(path).unlink(missing_ok=True)
     remove(aside)
 
 
@@ -190,25 +230,29 @@ def remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def folder_digest(folder: Path) -> str:
+def folder_digest(folder: Path, memo: bool = True) -> str:
     """Digest of a folder: its manifest's bytes when it has a complete one, else
-    of every file's path, size and sha256 (memoised by size and mtime)."""
+    of every file's path, size and sha256, memoised on path, size, mtime, inode
+    and ctime (an edit that keeps size and mtime, `cp -p`, `rsync -t`, `tar`,
+    still changes ctime); `memo=False` (--verify-cache) hashes every file again."""
     folder = Path(folder)
     if manifest.is_complete(folder):
         return hashlib.sha256((folder / manifest.NAME).read_bytes()).hexdigest()
     from raipack.core.hashing import sha256_many
 
-    memo_path = cache_root() / "digests.json"
+    memo_path, use_memo = cache_root() / "digests.json", memo
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
+        memo = {}
+    if not isinstance(memo, dict):
         memo = {}
     paths = manifest.list_files(folder)
     todo, parts = [], {}
     for p in paths:
         st = p.stat()
-        tag = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-        if tag in memo:
+        tag = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_dev}|{st.st_ctime_ns}"
+        if use_memo and isinstance(memo.get(tag), str):
             parts[p] = memo[tag]
         else:
             todo.append((p, tag))
@@ -249,4 +293,5 @@ def clear(stage: str | None = None, root: Path | None = None) -> int:
     n = sum(1 for _ in outputs.rglob(manifest.NAME)) if outputs.is_dir() else 0
     remove(outputs)
     remove(root / STAMPS / stage if stage else root / STAMPS)
+    remove(root / INDEX / stage if stage else root / INDEX)
     return n

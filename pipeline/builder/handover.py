@@ -27,6 +27,7 @@ from raipack.builder import cache, stages
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text
+from raipack.core.package import loads_strict
 
 FILE = "handover.json"
 FORMAT = "raipack-handover"
@@ -138,7 +139,7 @@ def read(folder: Path) -> Handover:
         raise UsageError(f"--inputs {folder} is not a folder", MAKE_HINT)
     path = folder / FILE
     try:
-        doc = json.loads(path.read_text("utf-8"))
+        doc = loads_strict(path.read_text("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--inputs {folder} has no {FILE}, so it is not a raipack hand-over folder", MAKE_HINT) from None
     except (OSError, ValueError) as exc:
@@ -150,15 +151,36 @@ def read(folder: Path) -> Handover:
         doc["recipe"]["profile"], doc["next"]  # present, or the KeyError below
     except (KeyError, TypeError):
         raise UsageError(f"{path} lacks a field raipack writes (stages[].stage/path/cache_key/sha256, recipe.profile, next)", MAKE_HINT) from None
+    known = stages.order()
+    for i, (stage, rel, key, digest) in enumerate(entries):
+        if stage not in known:
+            raise UsageError(f"{path}: stages[{i}].stage {stage!r} is not a stage; expected one of {', '.join(known)}", MAKE_HINT)
+        if not all(isinstance(v, str) for v in (rel, key, digest)):
+            raise UsageError(f"{path}: stages[{i}] path, cache_key and sha256 are not all strings", MAKE_HINT)
+    _check_stage_tables(path, doc["recipe"].get("stages"))
     handover = Handover(folder, doc)
     for stage, rel, key, digest in entries:
         handover.outputs[stage] = _checked(folder, path, stage, rel, key, digest)
     return handover
 
 
+def _check_stage_tables(path: Path, tables) -> None:
+    """The carried recipe's stage options, each a known option of a known stage (they were accepted silently)."""
+    from raipack.builder.config import parse_config
+
+    if tables is None:
+        return
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise UsageError(f"{path}: recipe.stages is not a table of stage tables", MAKE_HINT)
+    for name, table in tables.items():
+        if name not in stages.order():
+            raise UsageError(f"{path}: recipe.stages.{name} is not a stage; expected one of {', '.join(stages.order())}", MAKE_HINT)
+        parse_config(stages.get(name).config, table, f"{path}: recipe.stages.{name}")
+
+
 def _checked(folder: Path, path: Path, stage: str, rel: str, key: str, digest: str) -> Carried:
-    where = folder / str(rel)
-    if Path(rel).is_absolute() or ".." in Path(rel).parts or not where.is_dir():
+    where = folder / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or not where.is_dir() or os.path.realpath(where) != os.path.join(os.path.realpath(folder), os.path.normpath(rel)):
         raise UsageError(f"{path}: stages[{stage}].path {rel!r} is not a folder inside the hand-over", MAKE_HINT)
     links = [p for p in where.rglob("*") if p.is_symlink()]
     if links:

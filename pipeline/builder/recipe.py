@@ -92,10 +92,28 @@ def load(path: Path | None, overrides: dict | None = None) -> Recipe:
 def read_toml(path: Path, what: str) -> dict:
     """A TOML file a user gives (a recipe, a batch matrix), or one sentence saying why it cannot be read."""
     try:
-        return tomllib.loads(path.read_text("utf-8"))
+        return tomllib.loads(_plain_text(path, what))
     except FileNotFoundError:
         raise UsageError(f"{what} {path} does not exist", f"give the path of a .toml {what} file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{what} {path} cannot be read: {exc}", "check the file") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{what} {path} is not valid TOML: {exc}", "fix the syntax") from None
+    except RecursionError:
+        raise UsageError(f"{what} {path} nests arrays or tables too deeply to read", "write a flat TOML file") from None
+
+
+MAX_TOML_BYTES = 1 << 20  # a recipe or a matrix is a few KB
+
+
+def _plain_text(path: Path, what: str) -> str:
+    """The file's text, opened without blocking and only when it is a plain file (a FIFO would hang the read)."""
+    from raipack.core.package import ReadError, read_regular
+
+    try:
+        raw = read_regular(path, MAX_TOML_BYTES)
+    except ReadError:
+        raise UsageError(f"{what} {path} is not a plain file (a folder, FIFO or device)", f"give the path of a .toml {what} file") from None
+    if len(raw) > MAX_TOML_BYTES:
+        raise UsageError(f"{what} {path} is larger than {MAX_TOML_BYTES >> 20} MB", f"a {what} is a few KB: check the file")
+    return raw.decode("utf-8")

@@ -170,9 +170,9 @@ def build(recipe: Recipe, options: BuildOptions | None = None, /, **flags) -> Bu
         staging.release(root)
 
 
-def stage_key(st, cfg, profile: dict, outputs: dict) -> str:
-    """The cache key of stage `st` with config `cfg` for `profile`, over its input folders."""
-    digests = {i: cache.folder_digest(outputs[i]) for i in st.inputs}
+def stage_key(st, cfg, profile: dict, outputs: dict, rehash: bool = False) -> str:
+    """The cache key of stage `st` with config `cfg` for `profile`, over its input folders (hashed again with `rehash`)."""
+    digests = {i: cache.folder_digest(outputs[i], memo=not rehash) for i in st.inputs}
     return cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
 
 
@@ -181,7 +181,7 @@ def run_stage(st, ctx: BuildContext, *, force: bool = False, on_miss=None) -> St
     build committed to the cache. `on_miss()` runs before a miss is built (it may refuse). build() and raipack
     batch (pipeline/batch/jobs.py) both run a stage through here."""
     cfg = parse_config(st.config, ctx.recipe.stages.get(st.name), f"[{st.name}]")
-    ckey = stage_key(st, cfg, ctx.profile, ctx.outputs)
+    ckey = stage_key(st, cfg, ctx.profile, ctx.outputs, rehash=ctx.verify_cache)
     t0 = time.perf_counter()
     hit = None if force else cache.lookup(st.name, ckey, ctx.cache_root, verify=ctx.verify_cache, warn=ctx.warn)
     if hit is None and on_miss is not None:
@@ -326,6 +326,7 @@ def _commit(work: Path, final: Path, doc: dict) -> None:
     """Rename the folder into place, then write its manifest: the manifest is the
     commit, so no folder ever holds a complete manifest before it is in place.
     Then seal it read-only."""
+    cache.record(final, doc)  # the key index: the manifest digest a later hit must have, before the manifest exists
     os.rename(work, final)
     manifest.put(final, doc)
     (final / manifest.INCOMPLETE).unlink(missing_ok=True)

@@ -20,8 +20,14 @@ def metastate_complete(ctx):
     and `.ctrlpkt` present, `.fconst` missing: the profile's
     `metastate.ship_together`), or a file that every other set (or most sets)
     of the package has, is an incomplete copy: a warning naming the set and
-    the missing file, an error where the profile requires that file. A Git
-    LFS pointer counts as present (RP102 reports it)."""
+    the missing file, an error where the profile requires that file. A set
+    missing a member its release ships together with the others is an error:
+    the runtime cannot run the node (a 1.6 package without its `.fconst`, the
+    token-phase weight stream, cannot decode at all: AMD package facts §6 [V3]).
+    A set whose `.state` alone is gone is a warning when the release's layout
+    makes that file optional: the runtime compiles and writes a missing state
+    at first load, slowly (§6 [V]). A Git LFS pointer counts as present
+    (RP102 reports it)."""
     spec = ctx.profile["metastate"]
     sets = metastate_sets(ctx.pkg)
     if spec["required"] and not sets:
@@ -52,7 +58,7 @@ def _usual_siblings(ctx, stem: str, exts: dict, required: set, seen: Counter, to
         for ext in group:
             if have and ext not in exts and ext not in reported:
                 reported.add(ext)
-                yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem}, which has {_listed(sorted(exts))}: profile {ctx.profile['id']}'s layout ships {_listed(group)} together", _copy_again(stem, ext), severity="warning")
+                yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem}, which has {_listed(sorted(exts))}: profile {ctx.profile['id']}'s layout ships {_listed(group)} together, and the runtime cannot run the node without it", _copy_again(stem, ext))
     for ext in sorted(set(seen) - set(exts) - reported):
         if total > 1 and seen[ext] == total - 1:
             yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} while the other {seen[ext]} sets of the package all have a .{ext} file", _copy_again(stem, ext), severity="warning")

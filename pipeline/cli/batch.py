@@ -19,7 +19,8 @@ from raipack.core.env import OFFLINE, THREADS
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Local executor: stage jobs at once, memory permitting (default 1).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit"]), default="text", show_default=True, help="The report's format.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report to this file instead of stdout.")
-def batch(matrix, executor, address, jobs, fmt, output):
+@click.option("--max-entries", type=click.IntRange(min=1), help="Refuse a matrix of more entries than this (default 1000, pipeline/batch/data/limits.json).")
+def batch(matrix, fmt, output, **options):
     """Build a matrix of models x profiles x recipe overrides (see `raipack schemas matrix`).
 
     Exit codes: 0 every entry built, 1 an entry failed, 2 a bad matrix or option."""
@@ -33,7 +34,7 @@ def batch(matrix, executor, address, jobs, fmt, output):
     def line(text: str) -> None:
         click.echo(text, err=True)
 
-    doc = run_batch(matrix, executor=executor, address=address, jobs=jobs, line=line, warn=lambda t: click.secho(t, err=True, fg="yellow"))
+    doc = run_batch(matrix, line=line, warn=lambda t: click.secho(t, err=True, fg="yellow"), **options)  # executor, address, jobs, max_entries
     text = {"text": lambda d: report.table(d["entries"], d["jobs"], d.get("model_packages")) + "\n", "json": report.to_json, "junit": report.to_junit}[fmt](doc)
     if output:
         atomic_write_text(output, text)

@@ -10,7 +10,9 @@ from pathlib import Path
 from raipack import __version__
 from raipack.core.hashing import sha256_many
 from raipack.core.output import atomic_write_text
-from raipack.core.package import role_of
+from raipack.core.package import ReadError, loads_strict, read_regular, role_of
+
+MAX_BYTES = 64 << 20  # a manifest lists files: a few KB to a few MB
 
 NAME = "manifest.json"
 INCOMPLETE = ".raipack-incomplete"  # present while raipack is still writing a folder
@@ -43,8 +45,13 @@ def mark_incomplete(folder: Path) -> None:
     (Path(folder) / INCOMPLETE).write_text("raipack is writing this folder; it is not finished\n")
 
 
+def text(doc: dict) -> str:
+    """The bytes `put` writes, as text (the cache's key index records their digest before the write)."""
+    return json.dumps(doc, indent=2) + "\n"
+
+
 def put(folder: Path, doc: dict) -> None:
-    atomic_write_text(Path(folder) / NAME, json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(Path(folder) / NAME, text(doc))
 
 
 def describe(folder: Path, kind: str, *, stage: dict | None = None, lineage: dict | None = None, tools: dict | None = None, extra: dict | None = None) -> dict:
@@ -78,8 +85,9 @@ def describe(folder: Path, kind: str, *, stage: dict | None = None, lineage: dic
 def read(folder: Path) -> dict | None:
     """The manifest of a finished folder, or None (missing, broken, incomplete)."""
     try:
-        doc = json.loads((Path(folder) / NAME).read_text("utf-8"))
-    except (OSError, ValueError):
+        raw = read_regular(Path(folder) / NAME, MAX_BYTES)  # never blocks on a FIFO put in its place
+        doc = loads_strict(raw.decode("utf-8")) if len(raw) <= MAX_BYTES else None
+    except (OSError, ValueError, ReadError):  # JsonError is a ValueError: duplicate keys, non-finite numbers, deep nesting
         return None
     return doc if isinstance(doc, dict) and doc.get("complete") is True else None
 

@@ -54,7 +54,28 @@ def load_model(raw: bytes):
     decoded = model.ParseFromString(raw)
     if decoded is not None and decoded != len(raw):
         raise DecodeError(f"Protobuf decoding consumed too few bytes: {decoded} out of {len(raw)}")
+    _check_names(model)
     return model
+
+
+def _check_names(model) -> None:
+    """Every name and external-data entry of the graphs a text (DecodeError otherwise). protobuf hands a string
+    field that is not UTF-8 back as bytes, which the readers then compare with text: one flipped bit in a name
+    was a TypeError (issue 24)."""
+    graphs = [model.graph, *(f for f in model.functions)]
+    while graphs:
+        g = graphs.pop()
+        ios = [*g.input, *g.output, *getattr(g, "value_info", ())]
+        texts = [v if isinstance(v, (str, bytes)) else v.name for v in ios]  # a function's are names, a graph's ValueInfos
+        for t in getattr(g, "initializer", ()):
+            texts += [t.name, *(e.key for e in t.external_data), *(e.value for e in t.external_data)]
+        for node in g.node:
+            texts += [node.name, node.op_type, node.domain, *node.input, *node.output, *(a.name for a in node.attribute)]
+            for a in node.attribute:
+                graphs += ([a.g] if a.HasField("g") else []) + list(a.graphs)
+        bad = next((x for x in texts if not isinstance(x, str)), None)
+        if bad is not None:
+            raise DecodeError(f"the graph holds a name that is not UTF-8 text ({bytes(bad)[:40]!r})")
 
 
 # attribute type → (the field holding its value, whether it is a repeated field)

@@ -91,8 +91,8 @@ class ReadError(Exception):
         self.pointer = pointer
 
 
-class JsonError(ReadError):
-    """A JSON file that cannot be used."""
+class JsonError(ReadError, ValueError):
+    """A JSON file that cannot be used (a ValueError too, as json.loads' own errors are)."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +349,32 @@ def parse_json(text: str) -> tuple[object, list[DuplicateKey]]:
         raise JsonError(f"holds {first} at {pointer or 'the top level'}, which is not a finite number (a double overflows to infinity above about 1.8e308)",
                         "write a finite number or null; JSON has no NaN or Infinity", pointer)
     return doc, [DuplicateKey(where.get(id(obj), ""), key, values) for obj, keys in doubled for key, values in keys]
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of `path`, opened without blocking and read only when it is a regular file
+    (ReadError otherwise: a FIFO would hang the read, a folder or device is no input)."""
+    fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReadError(f"{path} {NOT_REGULAR}", "give the file itself")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def loads_strict(text: str):
+    """The one JSON reader for the files raipack reads that are not a package's (manifests, hand-overs, report
+    inputs, model-package manifests): parse_json's rules, and a key given twice in one object is refused
+    (JsonError, a ValueError for callers that catch those): which value a reader takes is not defined."""
+    doc, duplicates = parse_json(text)
+    if duplicates:
+        d = duplicates[0]
+        raise JsonError(f"gives the key {d.key!r} {len(d.values)} times in {d.pointer or 'the top-level object'}", "keep one of them", d.pointer)
+    return doc
 
 
 def json_pointers(doc, targets: set[int]) -> dict[int, str]:

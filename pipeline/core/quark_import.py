@@ -180,7 +180,7 @@ def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
     """``import quark.torch`` (compiling its extension when needed) within ``timeout``
     seconds, or a one-sentence error; see the module docstring."""
     if "quark.torch" in sys.modules:
-        return sys.modules["quark.torch"]
+        return _with_kernel(sys.modules["quark.torch"])
     import importlib
 
     import torch.utils.cpp_extension as cpp_extension
@@ -203,7 +203,7 @@ def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
         saved = cpp_extension.FileBaton
         cpp_extension.FileBaton = BoundedBaton  # type: ignore[misc]  # torch's lock class, replaced for this one import
         try:
-            return importlib.import_module("quark.torch")
+            module = importlib.import_module("quark.torch")
         except Exception as exc:
             if failure:  # Quark turns any failure of the compile into a RuntimeError of its own
                 raise failure[0] from None
@@ -214,3 +214,18 @@ def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
                                f"check that a C++ compiler and ninja work, or delete {build_dir} and build again") from None
         finally:
             cpp_extension.FileBaton = saved  # type: ignore[misc]
+    return _with_kernel(module, build_dir)
+
+
+def _with_kernel(module: Any, build_dir: Path | None = None) -> Any:
+    """`quark.torch` itself when its compiled kernel came with it. Seen once on a fresh machine: the extension
+    folder vanished while the import ran and Quark was left without `quark.torch.kernel`, so every later quantize
+    of the process failed with Quark's own AttributeError. Quark's modules are dropped, so a later import tries
+    again, and the sentence names the folder to rebuild."""
+    if getattr(module, "kernel", None) is not None:
+        return module
+    build_dir = build_dir or extension_dir()
+    for name in [n for n in sys.modules if n == "quark" or n.startswith("quark.")]:
+        del sys.modules[name]
+    raise RaipackError(f"AMD Quark was imported without its compiled kernel (quark.torch.kernel is missing); its C++ extension folder {build_dir} is incomplete",
+                       f"delete {build_dir} and build again: raipack compiles the extension afresh")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raipack.core.errors import RaipackError, UsageError
+from raipack.evaluation import loadcheck
 from raipack.evaluation import tasks as local_tasks
 from raipack.evaluation.targets import Target, detect_target
 
@@ -65,6 +66,8 @@ class Session:
 
     def __init__(self, req: Request, include_copy: Path | None, log: Path):
         self.req, self.log = req, log
+        if include_copy is not None:  # lm-eval's loading of the written folder, bounded in a child first
+            loadcheck.check(include_copy, req.tasks, log)
         self.manager = local_tasks.task_manager(req.tasks, include_copy)
 
     def run(self, target: Target, lm=None, numerics: str = "float") -> dict:
@@ -73,6 +76,7 @@ class Session:
 
         from raipack.evaluation.backends import open_backend
         from raipack.evaluation.lm import RaipackLM
+        from raipack.evaluation.templates import sandboxed_templates
         from raipack.runtime.chat import load_tokenizer
         from raipack.runtime.reference import RuntimeRefusal
 
@@ -80,13 +84,13 @@ class Session:
             if lm is None:
                 lm = RaipackLM(open_backend(target, numerics), load_tokenizer(target.path))
             try:
-                with local_tasks.sandboxed_templates():
-                        results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
+                with sandboxed_templates():
+                    results = simple_evaluate(model=lm, tasks=self.req.tasks, num_fewshot=self.req.num_fewshot, limit=self.req.limit,
                                               task_manager=self.manager, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
             except RuntimeRefusal as exc:
                 raise RaipackError(f"{target.path} cannot serve a request of tasks {', '.join(self.req.tasks)}: {exc}",
                                    "lower --num-fewshot, or use a package with a longer prompt limit") from None
-            except SecurityError as exc:  # a template that reached for Python objects (sandboxed_templates)
+            except SecurityError as exc:  # a template that reached for Python objects or past its budget (templates.py)
                 raise UsageError(f"a template of tasks {', '.join(self.req.tasks)} is not allowed: {exc}", local_tasks.HINT) from None
             except (ValueError, KeyError, FileNotFoundError) as exc:  # a task file lm-eval cannot build, a data file it cannot read
                 raise UsageError(f"lm-eval cannot run tasks {', '.join(self.req.tasks)}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from raipack.core.hashing import sha256_many
-from raipack.core.package import JSON_MAX_BYTES
+from raipack.core.package import JSON_MAX_BYTES, JsonError, loads_strict
 from raipack.data import load_data
 
 MAX_MANIFEST_BYTES = 1 << 20
@@ -53,11 +53,13 @@ def load_json(path: Path, limit: int = JSON_MAX_BYTES):
             raise ValueError(f"{path.name} is not a regular file")
         if st.st_size > limit:
             raise ValueError(f"{path.name} is {st.st_size} bytes, over the {limit} raipack reads")
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return loads_strict(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise ValueError(f"{path.name} cannot be read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise ValueError(f"{path.name} is not JSON: {exc}") from None
+    except JsonError as exc:
+        raise ValueError(f"{path.name} {exc}") from None
 
 
 def read_manifest(root: Path) -> dict:
@@ -103,12 +105,18 @@ def split_reference(value: str) -> tuple[str, str] | None:
 
 
 def references(doc, pointer: str = "") -> list[tuple[str, str]]:
-    """(JSON pointer, value) of every `sha256:` string in a genai_config.json document."""
-    if isinstance(doc, dict):
-        return [r for key, value in doc.items() for r in references(value, f"{pointer}/{str(key).replace('~', '~0').replace('/', '~1')}")]
-    if isinstance(doc, list):
-        return [r for i, value in enumerate(doc) for r in references(value, f"{pointer}/{i}")]
-    return [(pointer, doc)] if split_reference(doc) is not None else []
+    """(JSON pointer, value) of every `sha256:` string in a genai_config.json document, in document order
+    (walked without recursion: a document nested hundreds deep was a RecursionError, issue 24)."""
+    out, todo = [], [(pointer, doc)]
+    while todo:
+        where, node = todo.pop()
+        if isinstance(node, dict):
+            todo += reversed([(f"{where}/{str(k).replace('~', '~0').replace('/', '~1')}", v) for k, v in node.items()])
+        elif isinstance(node, list):
+            todo += reversed([(f"{where}/{i}", v) for i, v in enumerate(node)])
+        elif split_reference(node) is not None:
+            out.append((where, node))
+    return out
 
 
 def files_of(folder: Path) -> list[Path]:

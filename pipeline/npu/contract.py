@@ -246,6 +246,10 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
             continue
         attrs = {a.name: get_attribute_value(a) for a in node.attribute}
         kv = attrs.get("kv_num_heads", attrs.get("num_heads"))
+        if not isinstance(kv, (int, type(None))) or not isinstance(attrs.get("num_heads"), (int, type(None))):
+            out.append(_f("export.io", node.name, f"{node.op_type} '{node.name}' has a head count attribute that is not an integer",
+                          "re-export; the builder writes kv_num_heads and num_heads as integers"))
+            continue
         if kv is not None and int(kv) != kv_heads:
             out.append(_f("export.io", node.name,
                           f"{node.op_type} '{node.name}' has kv_num_heads={kv}, genai_config.json says num_key_value_heads={kv_heads}",
@@ -376,8 +380,8 @@ def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path
                           f"{name} points at '{loc}', outside the model folder; expected a relative path inside it",
                           "re-save the model with its external data beside model.onnx"))
             continue
-        if loc not in resolved:
-            resolved[loc] = Path(os.path.realpath(graph_dir / Path(*p.parts)))  # realpath: a symlink loop is a path, not a RuntimeError
+        if loc not in resolved:  # realpath: a symlink loop is a path that is no file (reported below), not a RuntimeError
+            resolved[loc] = Path(os.path.realpath(graph_dir / Path(*p.parts)))
         path = resolved[loc]
         if base != path and base not in path.parents:
             out.append(_f("export.external_data", t.name,

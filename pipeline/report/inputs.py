@@ -6,10 +6,10 @@ sentence naming the file and the field (UsageError, exit 2) before anything is w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from raipack.core.errors import UsageError
+from raipack.core.package import JsonError, ReadError, loads_strict, read_regular
 
 MAX_BYTES = 64 << 20
 
@@ -17,9 +17,14 @@ MAX_BYTES = 64 << 20
 def read_json(path: Path, what: str) -> dict:
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_BYTES:
+        raw = read_regular(path, MAX_BYTES)
+        if len(raw) > MAX_BYTES:
             raise UsageError(f"{path} is larger than {MAX_BYTES >> 20} MiB; expected {what}", "give the file raipack wrote")
-        doc = json.loads(path.read_text("utf-8"))
+        doc = loads_strict(raw.decode("utf-8"))
+    except JsonError as exc:  # a ReadError too: first
+        raise UsageError(f"{path} is not JSON ({exc}); expected {what}", "give the file raipack wrote") from None
+    except ReadError as exc:
+        raise UsageError(f"{exc}; expected {what}", "give the file raipack wrote") from None
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist; expected {what}", "give the path of the file raipack wrote") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -61,7 +66,21 @@ def bench(path: Path) -> dict:
             stats = row.get(key)
             if not isinstance(stats, dict) or not all(_number(v) for v in stats.values()) or not _number(stats.get("median")):
                 raise _bad(path, f"rows[{i}].{key}", "an object of numbers with a median", hint)
+        _fields(path, row, f"rows[{i}]", {"ran_on": str, "gen_tokens": int, "runs": int, "peak_rss_mb": (int, float, type(None))}, hint)
+    machine = doc.get("machine")
+    if machine is not None:
+        if not isinstance(machine, dict):
+            raise _bad(path, "machine", "an object", hint)
+        _fields(path, machine, "machine", {"cores": (int, type(None)), "cpu": str}, hint)
     return doc
+
+
+def _fields(path: Path, obj: dict, where: str, types: dict, hint: str) -> None:
+    """Every field the page shows present with its type (the template's StrictUndefined raised on a missing one)."""
+    for key, tp in types.items():
+        if key not in obj or isinstance(obj[key], bool) or not isinstance(obj[key], tp):
+            names = "/".join(t.__name__ for t in (tp if isinstance(tp, tuple) else (tp,)))
+            raise _bad(path, f"{where}.{key}", f"present as {names}", hint)
 
 
 def evaluation(path: Path) -> dict:

@@ -293,3 +293,73 @@ def test_a_failed_model_package_fails_the_batch_and_is_in_the_table():
     failed = {"a": {"status": "failed", "package": None, "error": "variant p: broken"}}
     assert exit_code({"entries": [entry]}) == 0 and exit_code({"entries": [entry], "model_packages": failed}) == 1
     assert "a (model package)  failed  variant p: broken" in table([entry], {"fuse": 1}, failed)
+
+
+# --------------------------------------------------------------------------- bounds (issue 24)
+
+def test_a_matrix_over_the_entry_limit_is_refused_before_expansion(env, monkeypatch):
+    """10^4 entries took 22.5 s and 340 MB to check before any output: the count comes first, from the
+    lists' lengths (the entries are never expanded), and --max-entries raises the bound."""
+    from raipack.batch import matrix
+    from raipack.core.errors import UsageError
+
+    calls = []
+    monkeypatch.setattr(matrix, "_entry", lambda *a, **kw: calls.append(1))
+    text = 'profiles = ["1.8.0-npu-16K", "1.8.0-npu-4K"]\n' + "".join(f'[[models]]\nname = "m{i}"\npath = "x"\n' for i in range(501))
+    (env / "matrix.toml").write_text(text)
+    with pytest.raises(UsageError, match=r"501 models x 2 profiles x 1 override sets make 1002 entries, above the limit of 1000") as info:
+        matrix.load(env / "matrix.toml")
+    assert "--max-entries" in info.value.hint and calls == []
+    matrix.load(env / "matrix.toml", max_entries=1002)
+    assert len(calls) == 1002
+
+
+def test_the_command_takes_max_entries_and_exits_2_over_it(env, capsys):
+    from raipack.cli import main
+
+    text = 'profiles = ["1.8.0-npu-16K"]\n' + "".join(f'[[models]]\nname = "m{i}"\npath = "x"\n' for i in range(3))
+    (env / "matrix.toml").write_text(text)
+    with pytest.raises(SystemExit) as done:
+        main(["batch", str(env / "matrix.toml"), "--max-entries", "2"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "make 3 entries, above the limit of 2" in err and "Traceback" not in err
+    assert not (env / "zoo").exists()
+
+
+@pytest.mark.parametrize("case", ["fifo", "deep", "folder"])
+def test_a_matrix_that_is_a_fifo_deep_or_a_folder_is_one_sentence(env, case):
+    """A FIFO hung the read; deep TOML raised RecursionError from tomllib."""
+    import os
+    import threading
+
+    from raipack.batch.matrix import load
+    from raipack.core.errors import UsageError
+
+    path = env / "matrix.toml"
+    if case == "fifo":
+        os.mkfifo(path)
+    elif case == "deep":
+        path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    else:
+        path.mkdir()
+    done = []
+    t = threading.Thread(target=lambda: done.append(pytest.raises(UsageError, load, path)), daemon=True)
+    t.start()
+    t.join(10)
+    assert done, "load did not return within 10 s"
+    expect = {"fifo": "is not a plain file", "folder": "is not a plain file", "deep": "nests arrays or tables too deeply"}[case]
+    assert expect in str(done[0].value)
+
+
+def test_validate_with_a_ray_address_where_nothing_listens_is_one_sentence_in_seconds(tmp_path):
+    """`validate --executor ray --address 127.0.0.1:1` hung past 120 s with Ray's gcs_client lines on the terminal."""
+    pytest.importorskip("ray", reason="ray (raipack's cluster extra) is not installed")
+    import time
+
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "raipack.cli", "validate", "--executor", "ray", "--address", "127.0.0.1:1", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 2, done.stderr
+    assert "no Ray cluster at 127.0.0.1:1 (connection refused)" in done.stderr
+    assert "gcs_client" not in done.stderr and "Traceback" not in done.stderr and done.stderr.count("ERROR:") == 1
+    assert time.monotonic() - t0 < 30

@@ -163,6 +163,8 @@ CASES = [
     ("tier-extra", "reference-16K", lambda p: (_write("dd_metastate_Llm_Token_decoder_5000.state", b"{}")(p), _write("dd_metastate_Llm_Token_decoder_5000.plan", b"{}")(p), write_manifest(p)), "RP602", "warning", "5000"),
     ("tier-too-small", "reference-16K", lambda p: (_json(GENAI, lambda d: d["search"].__setitem__("max_length", 20000))(p), _json(GENAI, lambda d: d["model"].__setitem__("context_length", 32768))(p), write_manifest(p)), "RP602", "error", "16384"),
     ("const-missing", P16, _rm("cache/MatMulNBits_0_0_wts.const"), "RP603", "error", "cache/MatMulNBits_0_0_meta.json"),
+    ("txn-bins-missing", P16, _rm("cache/txn_bins.zip"), "RP111", "error", "cache/txn_bins.zip"),  # issue 24
+    ("node-meta-missing", P16, _rm("cache/MatMulNBits_0_0_meta.json"), "RP111", "error", "cache/MatMulNBits_0_0_meta.json"),
     ("const-size", P16, _write("cache/MatMulNBits_1_0_wts.const", b"short"), "RP603", "error", "cache/MatMulNBits_1_0_wts.const"),
     ("hub-large-file-outside-lfs", P16, lambda p: (_write("notes.dat", b"")(p), _truncate("notes.dat", 11 * 2**20)(p)), "RP110", "warning", "notes.dat"),
     ("graph-garbage", P16, _write("model.onnx", b"\x08\x07garbage" * 10), "RP701", "error", "model.onnx"),
@@ -297,3 +299,26 @@ def test_empty_config_json_is_accepted_where_the_profile_allows(make_pkg):
     (pkg / "config.json").write_text("{}")
     result = validate(pkg)
     assert [f for f in result.findings if f.severity == "error"] == []
+
+
+def test_one_bit_flipped_in_an_exports_model_onnx_is_a_finding_never_a_traceback(tmp_path):
+    """Issue 24: a flipped bit in model.onnx gave TypeErrors in pipeline/npu/contract.py (a name protobuf hands back as
+    bytes when it is no longer UTF-8 compared with text; a head count attribute turned into a list). A name made
+    non-UTF-8 is RP701's unparseable graph; 400 seeded flips anywhere end in findings."""
+    import random
+
+    pkg = tmp_path / "export"
+    shutil.copytree(reference_export()[0], pkg)
+    for p in pkg.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    raw = (pkg / "model.onnx").read_bytes()
+    at = raw.index(b"input_ids")
+    (pkg / "model.onnx").write_bytes(raw[:at] + bytes([raw[at] ^ 0x80]) + raw[at + 1:])
+    found = [(f.check_id, f.severity) for f in validate(pkg).findings]
+    assert ("RP701", "error") in found, found
+    rng = random.Random(24)
+    for _ in range(400):
+        data = bytearray(raw)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        (pkg / "model.onnx").write_bytes(bytes(data))
+        validate(pkg)  # any exception fails the test

@@ -151,8 +151,8 @@ def _bad(tmp_path, tasks, yaml_text, name="bad.yaml"):
     ("not-a-mapping", "bad.yaml is not an lm-eval task file: expected a mapping"),
     ("no-task-name", "bad.yaml is not an lm-eval task file: it has no 'task' name"),
     ("bad-output-type", "bad.yaml: output_type is 'ranking'; expected one of"),
-    ("python-function", "the tag !function utils.process would import Python code from the task folder"),
-    ("data-outside", "dataset_kwargs.data_files.test '../x.jsonl' is not a file inside the task folder"),
+    ("python-function", "bad.yaml, line 3: the tag !function is not allowed in a task file"),
+    ("data-outside", "dataset_kwargs.data_files.test '../x.jsonl' leads outside the task folder"),
     ("template-code", "a template of tasks tiny_mc is not allowed"),  # rendered in jinja2's sandbox, not lm-eval's plain Environment
     ("not-a-target", "is none of the folders raipack eval runs"),
 ])

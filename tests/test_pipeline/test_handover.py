@@ -167,3 +167,50 @@ def test_a_changed_target_profile_is_named(linux, capsys):
     code, _, err = run_cli(capsys, "build", "--inputs", linux, "--until", "fuse", "-o", "out")
     assert code == 0
     assert "profile 1.8.0-npu-16K here differs from the one the hand-over was made with" in err
+
+
+# ------------------------------------------------------------------------- issue 24: low items
+
+def _edit(linux: Path, change) -> None:
+    path = linux / handover.FILE
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("unknown stage entry", r"stages\[0\]\.stage 'nonsense' is not a stage; expected one of source, "),
+    ("path as a list", r"stages\[0\] path, cache_key and sha256 are not all strings"),
+    ("unknown smoke option", r"recipe\.stages\.smoke: unknown option 'no_such_option'"),
+    ("unknown stage table", r"recipe\.stages\.polish is not a stage"),
+    ("duplicate key", r"gives the key 'next' 2 times"),
+    ("deep", r"nested too deeply"),
+])
+def test_a_tampered_handover_json_is_one_sentence_and_nothing_is_built(linux, tmp_path, case, expect):
+    """Each was accepted silently (unknown stage entry, smoke option) or a traceback (path as a list: TypeError;
+    deep: RecursionError); a duplicate key made which value counts undefined."""
+    path = linux / handover.FILE
+    if case == "unknown stage entry":
+        _edit(linux, lambda d: d["stages"][0].update(stage="nonsense"))
+    elif case == "path as a list":
+        _edit(linux, lambda d: d["stages"][0].update(path=["quantize"]))
+    elif case == "unknown smoke option":
+        _edit(linux, lambda d: d["recipe"].setdefault("stages", {}).setdefault("smoke", {}).update(no_such_option=1))
+    elif case == "unknown stage table":
+        _edit(linux, lambda d: d["recipe"].setdefault("stages", {}).update(polish={}))
+    elif case == "duplicate key":
+        path.write_text(path.read_text().rstrip()[:-1] + ', "next": "smoke"}')
+    else:
+        path.write_text('{"format": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(UsageError, match=expect):
+        handover.read(linux)
+    assert run_cli(None, "build", "--inputs", linux, "-o", "out").code == 2
+    assert not Path("out").exists() and not (Path("cache") / "stages").exists()
+
+
+def test_a_carried_stage_folder_that_is_a_symlink_is_refused(linux, tmp_path):
+    real = tmp_path / "elsewhere"
+    shutil.move(linux / "export", real)
+    (linux / "export").symlink_to(real)
+    with pytest.raises(UsageError, match=r"stages\[export\]\.path 'export' is not a folder inside the hand-over"):
+        handover.read(linux)

@@ -72,23 +72,24 @@ def test_a_set_missing_a_file_its_layout_ships_with_the_others(make_pkg, profile
     result, found = rp601(pkg, profile_id)
     assert [f.path for f in found] == [f"{LAYOUT}.{group[0]}"], [(f.path, f.message) for f in found]
     f = found[0]
-    assert f.severity == ("error" if group[0] in spec["siblings"] else "warning")
+    assert f.severity == "error"  # issue 24: the runtime cannot run the node without it
     assert LAYOUT in f.message and f.hint
-    if f.severity == "warning":
-        assert f"ships .{group[0]}, " in f.message and "which has " in f.message
+    if group[0] not in spec["siblings"]:
+        assert f"ships .{group[0]}, " in f.message and "which has " in f.message and "cannot run the node" in f.message
         assert "copied incompletely" in f.hint and f"{LAYOUT}.{group[0]}" in f.hint
-        assert not result.failed() and result.failed(strict=True)
+        assert result.failed()
     else:
         assert f"requires .{group[0]}" in f.message and result.failed()
 
 
-def test_fconst_missing_beside_state_super_and_ctrlpkt_is_a_warning_for_1_8(make_pkg):
+def test_fconst_missing_beside_state_super_and_ctrlpkt_is_an_error_for_1_8(make_pkg):
+    """Issue 24: the token-phase weight stream; without it the package cannot decode (it was a warning)."""
     pkg = make_pkg(P16)
     give(pkg, LAYOUT, "super", "ctrlpkt")
     _, found = rp601(pkg, P16)
-    assert [(f.severity, f.path) for f in found] == [("warning", f"{LAYOUT}.fconst")]
+    assert [(f.severity, f.path) for f in found] == [("error", f"{LAYOUT}.fconst")]
     assert found[0].message == (f"is missing from the metastate set {LAYOUT}, which has .ctrlpkt, .state and .super: "
-                                f"profile {P16}'s layout ships .fconst, .super and .ctrlpkt together")
+                                f"profile {P16}'s layout ships .fconst, .super and .ctrlpkt together, and the runtime cannot run the node without it")
 
 
 def test_fconst_missing_where_the_profile_requires_it_is_one_error(make_pkg):

@@ -184,3 +184,13 @@ def test_a_zoo_holds_model_packages_beside_plain_packages(package, tmp_path):
     _copy(package, zoo)
     assert expand([zoo]) == [zoo / "plain", zoo / package.name]
     assert [r.profile for r in validate_all([zoo])] == ["reference-4K", "ort-model-package"]
+
+
+def test_a_manifest_with_a_duplicate_key_is_an_error(package, tmp_path):
+    """Issue 24: duplicate keys in manifest.json passed (json.loads keeps the last); raipack's one strict reader refuses them."""
+    pkg = _copy(package, tmp_path)
+    text = (pkg / "manifest.json").read_text().rstrip()
+    assert text.endswith("}")
+    (pkg / "manifest.json").write_text(text[:-1] + ', "schema_version": "1.0"}')
+    found = _errors(validate(pkg))
+    assert found and any("gives the key 'schema_version' 2 times" in f.message for f in found), [(f.check_id, f.message) for f in found]

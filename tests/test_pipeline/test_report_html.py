@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -203,3 +204,36 @@ def test_eval_json_of_numerics_rows_becomes_a_float_and_a_bfp16_row(tmp_path):
     path.write_text(json.dumps({"results": rows[0]["results"], "raipack": {"rows": [{"numerics": 1}]}}))
     with pytest.raises(Exception, match=r"raipack.rows\[0\]"):
         inputs.evaluation(path)
+
+
+@pytest.mark.parametrize("drop, field", [(("machine", "cores"), "machine.cores"), (("rows", "ran_on"), "rows[0].ran_on"),
+                                         (("rows", "gen_tokens"), "rows[0].gen_tokens"), (("machine", "cpu"), "machine.cpu")])
+def test_a_bench_json_missing_a_field_the_page_shows_is_one_sentence(tmp_path, drop, field):
+    """Issue 24: bench.json without machine.cores or rows[].ran_on was a jinja2 UndefinedError traceback."""
+    import copy
+
+    from raipack.core.errors import UsageError
+    from raipack.report.inputs import bench
+
+    doc = copy.deepcopy(BENCH)
+    where, key = drop
+    for obj in (doc["rows"] if where == "rows" else [doc["machine"]]):
+        obj.pop(key)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=rf"bench.json: field {re.escape(field)} is not present as") as info:
+        bench(path)
+    assert info.value.exit_code == 2
+    path.write_text(json.dumps(BENCH))
+    assert bench(path)["machine"]["cores"] == 2  # the complete one reads
+
+
+def test_make_test_waits_for_another_apt_holding_the_lock():
+    """Issue 24: `make test`'s chromium install failed at once when another apt held the lock; it waits, bounded."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["make", "-n", "-B", "chromium"], cwd=root, capture_output=True, text=True, check=True)
+    calls = done.stdout.split("apt-get")[1:]
+    assert len(calls) == 2 and all(c.lstrip().startswith("-o DPkg::Lock::Timeout=120") for c in calls), done.stdout

@@ -217,3 +217,22 @@ def test_a_build_killed_while_quark_compiles_does_not_hang_the_next(tmp_path):
     assert "removing" in second.stderr  # the stale lock was recognised, not raced
     assert "imported" in second.stdout
     assert not lock.exists() and (root / quark_lock.EXTENSION / f"{quark_lock.EXTENSION}.so").exists()
+
+
+def test_quark_imported_without_its_kernel_names_the_folder_to_rebuild(monkeypatch, tmp_path):
+    """Issue 24: Quark left without quark.torch.kernel made every later quantize of the process fail with Quark's
+    own AttributeError; the check right after the import says which folder to rebuild, and drops Quark's modules."""
+    import sys
+    import types
+
+    from raipack.core import quark_import
+    from raipack.core.errors import RaipackError
+
+    monkeypatch.setattr(quark_import, "extension_dir", lambda: tmp_path / "quark_hw_emulation_stable_abi")
+    for name in [n for n in sys.modules if n == "quark" or n.startswith("quark.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "quark", types.ModuleType("quark"))
+    monkeypatch.setitem(sys.modules, "quark.torch", types.ModuleType("quark.torch"))  # no .kernel
+    with pytest.raises(RaipackError, match=r"without its compiled kernel .* extension folder .*quark_hw_emulation_stable_abi is incomplete") as info:
+        quark_import.import_quark()
+    assert "delete" in info.value.hint and "quark.torch" not in sys.modules and "quark" not in sys.modules

@@ -12,6 +12,7 @@ from raipack.core.package import SCAN, ReadError
 from raipack.data import load_data
 from raipack.npu import catalog
 from raipack.npu.layout import is_inside
+from raipack.npu.target import Target, target_of
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
 
@@ -48,7 +49,10 @@ def hub_lfs_rule(ctx):
     binary files", huggingface_hub #2666, #687), and AMD's Hub folders keep every
     such file in LFS (sources: `pipeline/data/hub.json`).
     Patterns are matched as git matches them (`pipeline/core/gitattributes.py`);
-    the hint is the line to add. A warning; an error under `validate --for hub`."""
+    the hint is the line to add. A warning; an error under `validate --for hub`. Not for the
+    build's intermediate folders (source, Quark and OGA exports): raipack ships packages."""
+    if target_of(ctx.profile) is Target.INTERMEDIATE:  # a stage's output (a Quark or OGA folder) is no package to ship
+        return
     try:
         attrs = lfs.attributes_of(ctx.pkg)
     except ReadError as exc:

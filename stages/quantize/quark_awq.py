@@ -30,7 +30,7 @@ from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.stages.quantize import awq_groups
 from raipack.stages.quantize.preflight import HINT, GroupSize, LmHead, check_source_dir, read_config, resolve_group_size, resolve_lm_head, text_config
 from raipack.stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
-from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory
+from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory, restore_denormals
 
 Progress = Callable[[str, int, int], None]
 
@@ -226,6 +226,8 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
         }
     finally:
         release_memory()
+        if runtime.get("flush_denormal"):
+            restore_denormals()
 
 
 def _check_inputs(src_dir: Path, out_dir: Path, algorithm: str, dtype: str, group_size: GroupSize, exclude: list[str]) -> tuple[dict, int, list[str]]:

@@ -123,3 +123,13 @@ def release_memory() -> bool:
         (_M_MMAP_THRESHOLD, AFTER_MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, AFTER_TRIM_THRESHOLD), (_M_TOP_PAD, AFTER_TOP_PAD)))
     libc.malloc_trim(0)
     return restored
+
+
+def restore_denormals() -> None:
+    """Turn torch's flush-denormal mode (which apply_runtime_settings set for AWQ's speed) off again after
+    the run: the mode is the CPU's, process-wide, and the stages and runs after quantize in the same
+    process (the reference runtime's BFP16 emulation above all, whose block scales can be subnormal)
+    must compute with IEEE subnormals, as a fresh process does."""
+    import torch
+
+    torch.set_flush_denormal(False)

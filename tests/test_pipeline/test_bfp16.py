@@ -259,7 +259,7 @@ def test_smoke_records_the_package_perplexity_under_float_and_bfp16(monkeypatch)
         def task(self, *a, **k):
             return contextlib.nullcontext(lambda n=1: None)
 
-    _perplexities(report, rt, pkg, tok, chat_ids(tok, "What is the capital of France?"), SmokeConfig(numerics="bfp16", max_new_tokens=4), Quiet())
+    _perplexities(report, rt, tok, chat_ids(tok, "What is the capital of France?"), SmokeConfig(numerics="bfp16", max_new_tokens=4), Quiet())
     ids = heldout_ids(tok, rt.max_length - 1)
     assert report["ppl_window_tokens"] == len(ids) == 128
     assert report["ppl_package"] == pytest.approx(perplexity(OrtDecoder(oga).logits(ids), ids), rel=1e-4)

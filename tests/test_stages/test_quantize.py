@@ -174,6 +174,25 @@ def test_runtime_settings(monkeypatch):
         torch.set_flush_denormal(flushed_before)
 
 
+def test_flush_denormal_is_off_again_after_the_run():
+    """apply_runtime_settings turns the CPU's flush-denormal mode on for AWQ; it is process-wide, so the run
+    turns it off again (it leaked into later stages and tests: BFP16's subnormal block scales read as 0)."""
+    torch = pytest.importorskip("torch")
+    from raipack.stages.quantize.runtime import restore_denormals
+
+    def flushing() -> bool:
+        return torch.tensor([1e-323], dtype=torch.float64).item() == 0.0
+
+    before = torch.get_num_threads()
+    try:
+        if apply_runtime_settings(threads=1)["flush_denormal"]:
+            assert flushing()
+        restore_denormals()
+        assert not flushing()
+    finally:
+        torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------- Quark on the tiny model
 
 

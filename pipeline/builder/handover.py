@@ -27,7 +27,7 @@ from raipack.builder import cache, stages
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text
-from raipack.core.package import loads_strict
+from raipack.core.package import ReadError, loads_strict, read_regular
 
 FILE = "handover.json"
 FORMAT = "raipack-handover"
@@ -132,6 +132,9 @@ def describe(result, last: str, entries: list[dict]) -> dict:
     }
 
 
+MAX_BYTES = 16 << 20  # a hand-over file is a few KiB: its recipe, stage digests and tool versions
+
+
 def read(folder: Path) -> Handover:
     """The hand-over in `folder`, every carried output checked against its digest and manifest."""
     folder = Path(folder)
@@ -139,10 +142,15 @@ def read(folder: Path) -> Handover:
         raise UsageError(f"--inputs {folder} is not a folder", MAKE_HINT)
     path = folder / FILE
     try:
-        doc = loads_strict(path.read_text("utf-8"))
+        raw = read_regular(path, MAX_BYTES)
+        if len(raw) > MAX_BYTES:
+            raise UsageError(f"{path} is larger than the {MAX_BYTES} bytes a hand-over file takes", MAKE_HINT)
+        doc = loads_strict(raw.decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--inputs {folder} has no {FILE}, so it is not a raipack hand-over folder", MAKE_HINT) from None
-    except (OSError, ValueError) as exc:
+    except ReadError as exc:
+        raise UsageError(f"{path}: {exc}", MAKE_HINT) from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise UsageError(f"{path} cannot be read as JSON: {exc}", MAKE_HINT) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("format_version") != 1:
         raise UsageError(f"{path} is not a raipack hand-over (format {FORMAT}, version 1)", MAKE_HINT)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -127,12 +128,13 @@ def test_a_built_extension_is_imported_without_waiting_for_other_builds(tmp_path
         (build / "lock").write_bytes(b"")
     monkeypatch.delitem(sys.modules, "quark.torch", raising=False)
     monkeypatch.setattr(quark_lock, "extension_dir", lambda: build)
-    monkeypatch.setattr(importlib, "import_module", lambda name: "quark module")
+    quark_torch = types.SimpleNamespace(kernel=object())  # a Quark whose compiled kernel came with it
+    monkeypatch.setattr(importlib, "import_module", lambda name: quark_torch)
     proc = holder(FLOCK, build.parent / f"{build.name}.raipack.lock", 60)
     t0 = time.monotonic()
     try:
         if state == "built":
-            assert quark_lock.import_quark(timeout=1.0, say=None) == "quark module"
+            assert quark_lock.import_quark(timeout=1.0, say=None) is quark_torch
         else:
             with pytest.raises(RaipackError, match="another raipack build held"):
                 quark_lock.import_quark(timeout=1.0, say=None)

@@ -211,3 +211,13 @@ def test_the_reader_accepts_and_refuses_what_protobuf_does():
         assert sorted(amd_header.weights_extents(ours)) == want, raw.hex()
         assert ours.get("external_data", {}).get("filename", "") == name, raw.hex()
     assert refused > 500 and 4000 - refused > 300  # both kinds were exercised (3 511 refused with this seed)
+
+
+def test_a_header_too_large_to_read_is_a_warning_not_a_verdict(clean, tmp_path):
+    """raipack reads at most 16 MiB of a header (AMD's are a few KiB); past that it says it did not check."""
+    from raipack.checks.runtime import HEADER_MAX_BYTES
+
+    pkg = copy(clean, tmp_path, "1.8.0-npu-16K")
+    os.truncate(pkg / "model.pb.bin", HEADER_MAX_BYTES + 1)
+    (found,) = rp112(pkg)
+    assert found[:2] == ("model.pb.bin", "warning") and "its weights were not checked" in found[2]

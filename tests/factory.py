@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+import amd_header
 from raipack.checks.consistency import sliding_layers
 from raipack.data import load_data
 from raipack.npu.layout import weights_sibling
@@ -302,7 +303,7 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, name: st
         (pkg / extra).write_text("What is the capital of France?\n")
     if lay.header:
         write_blob(pkg / weights_sibling(lay.header), npu_bytes, sparse, 1)
-        write_blob(pkg / lay.header, 256, False, 2)
+        (pkg / lay.header).write_bytes(amd_header.header_bytes(weights_sibling(lay.header), [("MatMulNBits_0", 0, npu_bytes)], size=256))
     if lay.cache:
         _cache(pkg / lay.cache, d, sparse)
         _release_extras(pkg, profile, lay.cache)

@@ -99,3 +99,37 @@ def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
             build(partial)
             os.rename(partial, folder)
     return folder
+
+
+# ------------------------------------------------------------------------------ fake builds
+
+
+def fake_build_env(tmp_path: Path, monkeypatch) -> Path:
+    """A build with the fake stages (tests/fake_stages.py) in `tmp_path`, its cache below it; the
+    body of the tests' `env` fixtures. Returns `tmp_path`."""
+    import fake_stages
+
+    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
+    monkeypatch.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_fake_build(**kw) -> tuple[dict[str, str], str]:
+    """A fake build into ./build: its stage statuses and what it printed."""
+    from raipack.builder.progress import Progress
+    from raipack.builder.recipe import load
+    from raipack.builder.runner import build
+
+    out = io.StringIO()
+    result = build(load(None, {"output": "build"}), progress=Progress("plain", stream=out), **kw)
+    return {s.name: s.status for s in result.stages}, out.getvalue()
+
+
+def fuse_entry() -> Path:
+    """The one complete cache entry of the fuse stage."""
+    from raipack.builder import cache
+
+    (entry,) = [Path(e["path"]) for e in cache.entries() if e["stage"] == "fuse" and e["complete"]]
+    return entry

@@ -6,7 +6,8 @@ a verbatim file compressed). `rebuild(name, root)` writes the package's layout: 
 files as they are, every other file as a placeholder of its name and real size (weights
 sparse, so a 1 GB file costs no disk; a graph a small ONNX decoder with the I/O contract
 the package's genai_config.json declares, its weights in the data file it names; a JSON
-file that is not public here a minimal stand-in; a log its recorded head and tail).
+file that is not public here a minimal stand-in; a log its recorded head and tail; an NPU weights
+header a protobuf header of AMD's format reaching to its weights file's real size).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from amd_header import header_bytes
 from factory import Dims, make_graph, save_graph
+from raipack.npu.layout import weights_sibling
 
 REAL = Path(__file__).resolve().parent / "data" / "real"
 
@@ -52,6 +55,8 @@ def rebuild(name: str, root: Path) -> Path:
         elif rel.endswith(".json"):
             text = json.dumps(_json_stand_in(rel)).encode()
             path.write_bytes(text + b" " * (entry["size"] - len(text)))  # JSON allows trailing whitespace
+        elif rel.endswith(".pb.bin"):
+            _npu_header(path, rel, prov["files"])
         elif rel.endswith((".txt", ".md", ".jinja")):  # text stays text (a sparse file of zeros reads as binary)
             path.write_bytes(b" " * entry["size"])
         elif not path.exists():
@@ -115,6 +120,15 @@ def _pad_graph(path: Path, size: int) -> None:
         pad = max(0, pad + size - model.ByteSize())
         model.doc_string = "." * pad
     path.write_bytes(model.SerializeToString())
+
+
+def _npu_header(path: Path, rel: str, files: dict) -> None:
+    """AMD's NPU weights header (its bytes are a Git LFS object, not public here) as AMD's writer
+    lays one out, at its real size: it names the sibling weights file and places one weight that
+    ends exactly at that file's recorded size (the tightest header the real sizes allow)."""
+    weights = weights_sibling(rel)
+    tensors = [("MatMulNBits_2_0", 0, files[weights]["size"])] if weights in files else []
+    path.write_bytes(header_bytes(weights.rsplit("/", 1)[-1] if tensors else "", tensors, size=files[rel]["size"]))
 
 
 def _head_tail(path: Path, entry: dict) -> None:

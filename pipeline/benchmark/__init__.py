@@ -143,11 +143,9 @@ def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str
               numerics: list[str] | None = None) -> Plan:
     """Everything checked and settled before anything runs."""
     gen = runs.gen
-    numerics = numerics or ["float"]
-    if any(n != "float" for n in numerics):
-        from raipack.runtime.numerics import require_quark
+    from raipack.runtime.numerics import ready
 
-        require_quark()
+    numerics = ready(numerics or ["float"])
     package = Path(package)
     if not package.is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")

@@ -11,10 +11,13 @@ from __future__ import annotations
 import fnmatch
 
 from raipack.checks.base import check
+from raipack.core.package import ReadError
 from raipack.data import load_data
-from raipack.npu.layout import PREFIX, metastate_sets
+from raipack.npu import amd_header
+from raipack.npu.layout import PREFIX, is_inside, metastate_sets, weights_sibling
 
 COPY = "copy the complete package again (all files of the release)"
+HEADER_MAX_BYTES = 16 * 1024 * 1024  # AMD's prefill.pb.bin for a 1.5B model is 7 129 bytes, model_jit.pb.bin for 135M 6 959
 
 
 def _rules() -> dict:
@@ -49,9 +52,7 @@ def runtime_files(ctx):
     `prepare_metadata.cpp` write `tensor_map` with `file_name`/`file_size`).
     A node without the phase set other nodes have is a warning: the runtime
     compiles and writes a missing state at first load, slowly (§6 [V]).
-    Not checked, for want of evidence: how far AMD's own `model.pb.bin`
-    reaches into `model.bin` (its format is not published; raipack's own
-    header is RP901's)."""
+    How far AMD's `model.pb.bin` reaches into `model.bin` is RP112's."""
     for rel in _opened(ctx):
         if rel in ctx.pkg.dirs:
             yield ctx.finding(rel, "is a folder, but the runtime opens it as a file", COPY)
@@ -95,3 +96,73 @@ def _node_meta(ctx, cache: str):
             other = stem.replace(f"Llm_{next(iter(sets))}_", f"Llm_{phase}_")
             yield ctx.finding(f"{other}.state", f"is missing: node {node} has no {phase.lower()} metastate set while other nodes have one; "
                               "the runtime compiles a missing state at its first load, slowly (AMD package facts §6)", COPY, severity="warning")
+
+
+@check("RP112", "amd-npu-weights")
+def amd_npu_weights(ctx):
+    """AMD's NPU weights header (the file `external_data_file` names:
+    `model.pb.bin`, `model_jit.pb.bin`, `prefill.pb.bin`) parses as the
+    protobuf message `ryzenai.onnx_utils.proto.Header` the runtime reads
+    (fields in `pipeline/data/amd_header.json`), and the weights file it
+    names (`external_data.filename`, beside the header: AMD's writer names
+    it `<stem>.bin`) is in the package and at least as long as the furthest
+    weight the header places in it (offset + size of every operator's
+    tensors; the size a Git LFS pointer records stands for the real file).
+    A header without a weights file name (no JIT weights) asks for none.
+    Only for a package in AMD's layout: raipack's own header is RP901's.
+    Not checked: what the bytes of `model.bin` hold, the header's shapes
+    and data types against the graph, its `layers` and `op_metadata`
+    records (read by the runtime's GPU JIT and buffer sizing, not by its
+    file reads), whether its strings are UTF-8, and anything in
+    `cache/*_meta.json` (they name `.const` files, RP603, not
+    `model.bin`)."""
+    if _raipack_layout(ctx):
+        return
+    opts, where = ctx.options
+    rel = opts.get("external_data_file")
+    fe = ctx.pkg.files.get(rel) if isinstance(rel, str) else None
+    if fe is None or fe.lfs:
+        return  # RP404 reports a header that is not there, RP102 a pointer in its place
+    pointer = where.get("external_data_file", "")
+    if fe.size > HEADER_MAX_BYTES:
+        yield ctx.finding(rel, f"is {fe.size} bytes, more than the {HEADER_MAX_BYTES} raipack reads of an NPU weights header; its weights were not checked",
+                          "check that the right file was placed here", severity="warning")
+        return
+    try:
+        header = amd_header.decode(ctx.pkg.read_bytes(rel, HEADER_MAX_BYTES, "NPU weights header"))
+    except ReadError:
+        return  # the scan (RP101) reports a file that cannot be read
+    except amd_header.HeaderError as exc:
+        yield ctx.finding(rel, f"does not parse as AMD's NPU weights header (protobuf ryzenai.onnx_utils.proto.Header): {exc}; "
+                          f"the runtime's custom operators stop with 'Cannot read header from {rel}' and the model does not load", COPY, pointer)
+        return
+    name = (header.get("external_data") or {}).get("filename", "")
+    if not name:
+        return  # no JIT weights: the runtime reads no weights file
+    if not is_inside(name):
+        yield ctx.finding(rel, f"names weights file {name!r}, a path that leaves the package", COPY, "/external_data/filename")
+        return
+    folder = rel.rpartition("/")[0]
+    wrel = f"{folder}/{name}" if folder else name
+    wrel = wrel.replace("\\", "/")
+    wfe = ctx.pkg.files.get(wrel)
+    if wfe is None:
+        if wrel != weights_sibling(rel) and wrel not in ctx.pkg.dirs:  # RP404 / RP111 report the sibling and folders
+            yield ctx.finding(rel, f"names weights file {wrel}, which is not in the package: the runtime reads the NPU weights from it", COPY, "/external_data/filename")
+        return
+    yield from _reach(ctx, rel, wfe, amd_header.weights_extents(header))
+
+
+def _reach(ctx, rel: str, wfe, extents):
+    size = wfe.lfs.size if wfe.lfs else wfe.size
+    beyond = sorted((e for e in extents if e.size and e.end > size), key=lambda e: e.end)
+    if not beyond:
+        return
+    last = beyond[-1]
+    told = " (its Git LFS pointer's size)" if wfe.lfs else ""
+    which = "its one weight" if len(extents) == 1 else f"{len(beyond)} of its {len(extents)} weights"
+    furthest = "" if len(beyond) == 1 else ", the furthest"
+    yield ctx.finding(wfe.rel, f"is {size} bytes{told}, but {rel} places {which} beyond that{furthest} "
+                      f"(node {last.node}, tensor {last.index}) at bytes {last.offset} to {last.end}: the runtime reads past the end of the file "
+                      "(on Linux it stops with 'Failed to read'; on Windows the read is not checked and the weights are left unfilled)",
+                      COPY)

@@ -48,11 +48,10 @@ def require_lm_eval() -> None:
 
 def check_request(req: Request) -> Request:
     """Absolute paths (lm-eval runs in its own folder) and the task folder checked, before any model loads."""
-    from raipack.runtime.numerics import check_mode, require_quark
+    from raipack.runtime.numerics import ready
 
     require_lm_eval()
-    if check_mode(req.numerics) != "float":
-        require_quark()
+    ready([req.numerics])
     include = Path(req.include_path).resolve() if req.include_path else None
     if include is not None:
         local_tasks.check_folder(include)

@@ -43,6 +43,16 @@ def plan(numerics: str) -> dict:
     return {} if check_mode(numerics) == "float" else load_data("numerics.json")[numerics]
 
 
+def ready(modes) -> list[str]:
+    """The numerics modes asked for, each checked (UsageError naming the choices) and without
+    repeats; amd-quark required (UsageError, exit 2) when one is not float, before anything loads.
+    The one check `raipack run`, `raipack bench` and `raipack eval` make."""
+    modes = list(dict.fromkeys(check_mode(m) for m in modes))
+    if any(m != "float" for m in modes):
+        require_quark()
+    return modes
+
+
 def require_quark() -> None:
     """UsageError (exit 2) when amd-quark is not installed (the light install)."""
     if importlib.util.find_spec("quark") is None:

@@ -49,10 +49,9 @@ class RunOptions:
 def answer(package: Path, prompt: str, opts: RunOptions) -> Answer:
     max_new_tokens, raw, threads, sdk_version, numerics = opts.max_new_tokens, opts.raw, opts.threads, opts.sdk_version, opts.numerics
     from raipack.core.env import OFFLINE
-    from raipack.runtime.numerics import HONEST, check_mode, require_quark
+    from raipack.runtime.numerics import HONEST, ready
 
-    if check_mode(numerics) != "float":
-        require_quark()  # before anything loads: one sentence, exit 2
+    ready([numerics])  # before anything loads: one sentence, exit 2
 
     os.environ.update(OFFLINE)
     if not Path(package).is_dir():

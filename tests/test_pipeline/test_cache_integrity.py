@@ -4,7 +4,6 @@ killed builds leave nothing behind for long (issue 11, items 4 and 10). Fake sta
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import stat
@@ -14,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import fake_stages
+from helpers import fake_build_env, fuse_entry, run_fake_build
 from raipack.builder import cache, staging
-from raipack.builder.progress import Progress
-from raipack.builder.recipe import load
-from raipack.builder.runner import build
 from raipack.cli import main
 from raipack.core import manifest
 
@@ -28,23 +24,7 @@ KEY = "0123456789abcdef0123456789abcdef"
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run_build(**kw):
-    """A fake build; its stage statuses and what it printed."""
-    out = io.StringIO()
-    result = build(load(None, {"output": "build"}), progress=Progress("plain", stream=out), **kw)
-    return {s.name: s.status for s in result.stages}, out.getvalue()
-
-
-def fuse_entry() -> Path:
-    (entry,) = [Path(e["path"]) for e in cache.entries() if e["stage"] == "fuse" and e["complete"]]
-    return entry
+    return fake_build_env(tmp_path, monkeypatch)
 
 
 def sha(path: Path) -> str:
@@ -61,7 +41,7 @@ def flip_in_place(path: Path) -> None:
 
 
 def test_editing_the_package_leaves_the_cache_intact(env):
-    run_build()
+    run_fake_build()
     entry, pkg = fuse_entry(), env / "build" / PKG
     cached = entry / "model.onnx"
     recorded = {f["path"]: f["sha256"] for f in manifest.read(entry)["files"]}["model.onnx"]
@@ -70,13 +50,13 @@ def test_editing_the_package_leaves_the_cache_intact(env):
 
     flip_in_place(pkg / "model.onnx")
     assert sha(cached) == recorded
-    statuses, _ = run_build()
+    statuses, _ = run_fake_build()
     assert set(statuses.values()) == {"cached"}
     assert sha(pkg / "model.onnx") == recorded  # the rebuilt package has the cached bytes again
 
 
 def test_entries_are_sealed_read_only_and_clear_removes_them(env, capsys):
-    run_build()
+    run_fake_build()
     entries = [Path(e["path"]) for e in cache.entries()]
     assert len(entries) == 5
     for entry in entries:
@@ -92,7 +72,7 @@ def test_entries_are_sealed_read_only_and_clear_removes_them(env, capsys):
 
 def test_an_entry_edited_in_place_is_detected_and_rebuilt(env):
     """Made writable, edited at the same size, mode and mtime put back: the ctime still tells."""
-    run_build()
+    run_fake_build()
     entry = fuse_entry()
     victim = entry / "model.onnx"
     before = os.stat(victim)
@@ -102,7 +82,7 @@ def test_an_entry_edited_in_place_is_detected_and_rebuilt(env):
     os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert os.stat(victim).st_mtime_ns == before.st_mtime_ns and os.stat(victim).st_size == before.st_size
 
-    statuses, printed = run_build()
+    statuses, printed = run_fake_build()
     assert statuses["fuse"] == "built" and statuses["export"] == "cached"
     assert "cache: the fuse entry" in printed and "model.onnx no longer has the sha256" in printed
     rebuilt = fuse_entry()
@@ -118,7 +98,7 @@ def test_verify_cache_hashes_every_entry(env, monkeypatch, capsys):
         assert info.value.code == 0
         return capsys.readouterr().err
 
-    run_build()
+    run_fake_build()
     hashed = []
     real = cache.changed_file
     monkeypatch.setattr(cache, "changed_file", lambda path, doc: hashed.append(path.parent.name) or real(path, doc))
@@ -207,7 +187,7 @@ def test_every_build_start_sweeps_all_stages(env, holder):
     _, live = holder
     root = env / "cache"
     dead = leftovers(root, "export", dead_pid()) + leftovers(root, "smoke", dead_pid())
-    run_build(until="source")  # a build that runs neither export nor smoke
+    run_fake_build(until="source")  # a build that runs neither export nor smoke
     assert not [p for p in dead if p.exists()]
     assert live.is_dir()
     assert not (root / staging.LOCKS / str(os.getpid())).exists()  # a finished build holds no lock

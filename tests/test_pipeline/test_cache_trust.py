@@ -7,39 +7,20 @@ rehashes the source. Fake stages: seconds."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-import fake_stages
+from helpers import fake_build_env, fuse_entry, run_fake_build
 from raipack.builder import cache
-from raipack.builder.progress import Progress
-from raipack.builder.recipe import load
-from raipack.builder.runner import build
 from raipack.core import manifest
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(fake_stages, "CALLS", tmp_path / "calls.txt")
-    monkeypatch.setattr("raipack.builder.stages.get", fake_stages.FAKES.__getitem__)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run_build(**kw):
-    out = io.StringIO()
-    result = build(load(None, {"output": "build"}), progress=Progress("plain", stream=out), **kw)
-    return {s.name: s.status for s in result.stages}, out.getvalue()
-
-
-def fuse_entry() -> Path:
-    (entry,) = [Path(e["path"]) for e in cache.entries() if e["stage"] == "fuse" and e["complete"]]
-    return entry
+    return fake_build_env(tmp_path, monkeypatch)
 
 
 def swap_with_own_manifest(entry: Path) -> bytes:
@@ -61,10 +42,10 @@ def swap_with_own_manifest(entry: Path) -> bytes:
 
 @pytest.mark.parametrize("verify", [False, True])
 def test_an_entry_rewritten_with_its_own_manifest_is_not_a_hit(env, verify):
-    run_build()
+    run_fake_build()
     entry = fuse_entry()
     evil = swap_with_own_manifest(entry)
-    statuses, printed = run_build(verify_cache=verify)
+    statuses, printed = run_fake_build(verify_cache=verify)
     assert statuses["fuse"] == "built" and statuses["export"] == "cached"
     assert "cache: the fuse entry" in printed and "not the one the key index recorded at commit" in printed
     assert (fuse_entry() / "model.onnx").read_bytes() != evil
@@ -72,15 +53,15 @@ def test_an_entry_rewritten_with_its_own_manifest_is_not_a_hit(env, verify):
 
 
 def test_an_entry_the_index_does_not_know_is_not_a_hit(env):
-    run_build()
+    run_fake_build()
     entry = fuse_entry()
     cache._index_path(entry).unlink()
-    statuses, printed = run_build()
+    statuses, printed = run_fake_build()
     assert statuses["fuse"] == "built" and "the key index has no record of it" in printed
 
 
 def test_the_index_record_lies_outside_the_entry_and_clear_removes_it(env):
-    run_build()
+    run_fake_build()
     entry = fuse_entry()
     record = cache._index_path(entry)
     assert not record.is_relative_to(entry)
@@ -124,7 +105,7 @@ def test_verify_cache_rehashes_the_source_without_the_memo(env, monkeypatch):
     seen = []
     real = cache.folder_digest
     monkeypatch.setattr(cache, "folder_digest", lambda folder, memo=True: seen.append(memo) or real(folder, memo))
-    run_build(verify_cache=True)
+    run_fake_build(verify_cache=True)
     # each stage's cache key over its inputs (quantize, export, fuse, smoke: one input each) hashed without the memo;
     # the lineage's second digest of the same folder may use the memo the rehash just wrote
     assert seen.count(False) >= 4, seen

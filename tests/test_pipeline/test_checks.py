@@ -165,6 +165,7 @@ CASES = [
     ("const-missing", P16, _rm("cache/MatMulNBits_0_0_wts.const"), "RP603", "error", "cache/MatMulNBits_0_0_meta.json"),
     ("txn-bins-missing", P16, _rm("cache/txn_bins.zip"), "RP111", "error", "cache/txn_bins.zip"),  # issue 24
     ("node-meta-missing", P16, _rm("cache/MatMulNBits_0_0_meta.json"), "RP111", "error", "cache/MatMulNBits_0_0_meta.json"),
+    ("amd-weights-short", P16, _truncate("model.bin", 2048), "RP112", "error", "model.bin"),
     ("const-size", P16, _write("cache/MatMulNBits_1_0_wts.const", b"short"), "RP603", "error", "cache/MatMulNBits_1_0_wts.const"),
     ("hub-large-file-outside-lfs", P16, lambda p: (_write("notes.dat", b"")(p), _truncate("notes.dat", 11 * 2**20)(p)), "RP110", "warning", "notes.dat"),
     ("graph-garbage", P16, _write("model.onnx", b"\x08\x07garbage" * 10), "RP701", "error", "model.onnx"),

@@ -110,14 +110,21 @@ def test_a_symlinked_sub_folder_inside_the_folder_is_read_and_checked(package, t
     assert not marker.exists()
 
 
+def refused_with_script(package, tmp_path: Path, old: str, new: str, script: str, expect: str) -> None:
+    """capitals.yaml with `old` made `new`, naming the sub-folder of `script` (which writes a marker
+    when imported): refused with `expect`, and the script never ran."""
+    marker = tmp_path / "MARKER"
+    folder = capitals(tmp_path / "tasks", CAPITALS.replace(old, new))
+    (folder / script).parent.mkdir()
+    (folder / script).write_text(marker_code(marker))
+    refused(package, folder, tmp_path, expect)
+    assert not marker.exists()
+
+
 def test_a_metric_named_by_a_local_path_runs_no_script(package, tmp_path):
     """`metric: ./evm` made lm-eval fall back to evaluate.load("./evm"), which imports evm/evm.py."""
-    marker = tmp_path / "MARKER"
-    folder = capitals(tmp_path / "tasks", CAPITALS.replace("metric: acc", "metric: ./evm"))
-    (folder / "evm").mkdir()
-    (folder / "evm" / "evm.py").write_text(marker_code(marker))
-    refused(package, folder, tmp_path, "metric_list[0].metric './evm' is not one of lm-eval's built-in metrics")
-    assert not marker.exists()
+    refused_with_script(package, tmp_path, "metric: acc", "metric: ./evm", "evm/evm.py",
+                        "metric_list[0].metric './evm' is not one of lm-eval's built-in metrics")
 
 
 def test_the_gate_and_the_chain_use_the_same_folder_check(tmp_path):
@@ -224,12 +231,7 @@ def test_data_files_of_every_shape_stay_inside_the_folder(package, tmp_path, fil
 
 
 def test_a_dataset_path_that_is_a_folder_with_a_script_is_refused(package, tmp_path):
-    marker = tmp_path / "MARKER"
-    folder = capitals(tmp_path / "tasks", CAPITALS.replace("dataset_path: json", "dataset_path: ./ds"))
-    (folder / "ds").mkdir()
-    (folder / "ds" / "ds.py").write_text(marker_code(marker))
-    refused(package, folder, tmp_path, "dataset_path is './ds'; expected one of json")
-    assert not marker.exists()
+    refused_with_script(package, tmp_path, "dataset_path: json", "dataset_path: ./ds", "ds/ds.py", "dataset_path is './ds'; expected one of json")
 
 
 def test_the_loader_child_has_no_network_and_reports_its_failure(tmp_path):

@@ -29,6 +29,8 @@ def _folder(path):
 
 
 BREAKS = {
+    "model.bin cut in half": (lambda p: os.truncate(p / "model.bin", os.path.getsize(p / "model.bin") // 2), "RP112", "model.bin", "error"),
+    "model.pb.bin cut in half": (lambda p: os.truncate(p / "model.pb.bin", os.path.getsize(p / "model.pb.bin") // 2), "RP112", "model.pb.bin", "error"),
     "tokenizer_config.json is a folder": (lambda p: _folder(p / "tokenizer_config.json"), "RP111", "tokenizer_config.json", "error"),
     "model.bin is a folder": (lambda p: _folder(p / "model.bin"), "RP111", "model.bin", "error"),
     "cache/txn_bins.zip deleted": (lambda p: (p / "cache" / "txn_bins.zip").unlink(), "RP111", "cache/txn_bins.zip", "error"),

@@ -57,17 +57,17 @@ def profiles_md() -> str:
            *releases_table(), "",
            "| id | title | folder names | required files | RyzenAI options checked | search | tiers (prefill / token) |", "|---|---|---|---|---|---|---|"]
     for p in all_profiles().values():
-        names = ", ".join(f"`{n}`" for n in p["detect"]["name_patterns"]) or "(by content)"
-        req = ", ".join(f"`{f}`" for f in p["files"]["required"]) + "".join(f"; one of {' / '.join(f'`{x}`' for x in g)}" for g in p["files"].get("required_one_of", []))
-        opts = ", ".join(f"`{k}`" + (f" ∈ {{{', '.join(v['allowed'])}}}" if v.get("allowed") else "") for k, v in p["genai"]["options"].items()) or "-"
-        search = ", ".join(f"{k} {v}" for k, v in p["genai"]["search"].items()) or "-"
-        b = p["buckets"]
-        tiers = f"{len(b['prefill'])} / {len(b['token'])}" if b["prefill"] or b["token"] else "-"
-        out.append(f"| `{p['id']}` | {p['title']} | {names} | {req} | {opts} | {search} | {tiers} |")
+        names = ", ".join(f"`{n}`" for n in p.detect.name_patterns) or "(by content)"
+        req = ", ".join(f"`{f}`" for f in p.files.required) + "".join(f"; one of {' / '.join(f'`{x}`' for x in g)}" for g in p.files.required_one_of)
+        opts = ", ".join(f"`{k}`" + (f" ∈ {{{', '.join(v.allowed)}}}" if v.allowed else "") for k, v in p.genai.options.items()) or "-"
+        search = ", ".join(f"{k} {v}" for k, v in p.genai.search.items()) or "-"
+        b = p.buckets
+        tiers = f"{len(b.prefill)} / {len(b.token)}" if not p.tierless else "-"
+        out.append(f"| `{p.id}` | {p.title} | {names} | {req} | {opts} | {search} | {tiers} |")
     out += ["", *metastate_table(), ""]
     for p in all_profiles().values():
-        if p.get("notes"):
-            out += [f"- **{p['id']}**: {p['notes']}"]
+        if p.notes:
+            out += [f"- **{p.id}**: {p.notes}"]
     return "\n".join(out) + "\n"
 
 
@@ -92,13 +92,13 @@ def metastate_table() -> list[str]:
     out = ["dd_metastate sets (RP601): the files every set must have, the groups the release's layout ships together (a set holding part of a group is an incomplete copy, a warning), the files a set may have.", "",
            "| id | sets required | every set has | shipped together | may have | one set per tier |", "|---|---|---|---|---|---|"]
     for p in all_profiles().values():
-        m = p["metastate"]
-        if m["required"] or m["siblings"]:
-            out.append(f"| `{p['id']}` | {'yes' if m['required'] else 'no'} | {_exts(m['siblings'])} | {'; '.join(_exts(g) for g in m.get('ship_together', [])) or '-'} | {_exts(m['optional_siblings'])} | {'yes' if m['tiered'] else 'no'} |")
+        m = p.metastate
+        if m.required or m.siblings:
+            out.append(f"| `{p.id}` | {'yes' if m.required else 'no'} | {_exts(m.siblings)} | {'; '.join(_exts(g) for g in m.ship_together) or '-'} | {_exts(m.optional_siblings)} | {'yes' if m.tiered else 'no'} |")
     return out
 
 
-def _exts(names: list[str]) -> str:
+def _exts(names) -> str:
     return ", ".join(f"`.{x}`" for x in names) or "-"
 
 

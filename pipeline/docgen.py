@@ -46,9 +46,18 @@ def profiles_md() -> str:
            "**A Ryzen AI release is one catalog entry**: its runtime versions, least NPU driver, the NPU devices its LLM packages run on, its "
            "longest prompt, its Linux deployment and the variants it ships, each naming a template (`set` holds what differs from it, null "
            "removing a key; `reference` adds raipack's build target). The profile `<release>-<variant>` (`1.8.0-npu-16K`) is built from them; "
-           "every profile's `max_prompt_length` table lists every catalogued release. A new release touches the catalog and this generated "
-           "page; a new variant is one template file and one reference to it. `RAIPACK_RELEASES=FILE` makes raipack read another catalog "
-           "(a copy that knows a release raipack does not yet).", "",
+           "every profile's `max_prompt_length` table lists every catalogued release. A new variant is one template file and one reference "
+           "to it. `RAIPACK_RELEASES=FILE` makes raipack read another catalog (a copy that knows a release raipack does not yet).", "",
+           "**Files touched, measured** (a scratch copy of the tree, the change made, `python -m raipack.docgen` run, the covering tests run): "
+           "a new release (a copy of 1.8.0's entry as 9.9.0) is **2 files, no code**: its entry in `pipeline/data/ryzenai_releases.json` and "
+           "this page, regenerated; a folder `<model>_rai_9.9.0_npu_16K` then validates clean as `9.9.0-npu-16K` and a folder of 9.9.0 content "
+           "under a plain name is detected as 9.9.0 (`tests/test_pipeline/test_catalog.py::test_adding_a_release_is_one_catalog_entry` holds it). "
+           "A new Llama-shaped model family (a `model_type` whose layers are Llama's) is **2 files, no code**: its entry in the `families` table "
+           "of `pipeline/data/architectures.json` (architecture, `linears` \"llama\"; the input check, quantize's linear shapes and memory "
+           "model, export's builder options and fuse's matchers all read it) and its row in [families.md](families.md) (`tests/test_pipeline/test_docs.py` "
+           "requires one per architecture); a third, `stages/quantize/data/awq.json`, where Quark 0.13 has no LLMTemplate or AWQ "
+           "config for the model_type (as for qwen3). `tests/test_pipeline/test_new_family.py` holds it, and fails if code compares a model_type with a "
+           "family's name again. What raipack cannot make data: the OGA builder and transformers must know the architecture.", "",
            "`--profile auto` (the default) picks the profile in this order: a raipack `manifest.json` (the reference profiles); a folder name "
            "that names a release (`<model>_rai_<release>_<variant>`): a catalogued release is its profile, a release newer than the catalog is "
            "checked against the newest known release of the same variant, said in the reason and warned by RP108; then the content markers (the "

@@ -73,12 +73,13 @@ def all_profiles() -> dict[str, Profile]:
     return {pid: build(resolve(pid), _source(pid, files)) for pid in raw}
 
 
+@lru_cache(maxsize=64)
 def for_model(profile: Profile, model_type: str | None) -> Profile:
     """The profile as it applies to one model family (its `model_overrides` entry merged in)."""
-    over = profile.model_overrides.get(model_type or "")
-    if not over:
+    if not model_type or model_type not in profile.model_overrides:
         return profile
-    return build(merge(profile.document(), profile.document()["model_overrides"][model_type]), f"{profile.source}, model_overrides {model_type}")
+    doc = profile.document()
+    return build(merge(doc, doc["model_overrides"][model_type]), f"{profile.source}, model_overrides {model_type}")
 
 
 def changed(profile: Profile, over: dict) -> Profile:

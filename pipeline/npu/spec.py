@@ -202,6 +202,10 @@ class Profile:
     def __repr__(self) -> str:
         return f"Profile({self.id!r})"
 
+    def __reduce__(self):
+        """Pickled as its document (a process pool's worker rebuilds the view; read-only mappings do not pickle)."""
+        return _typed, (self.document(), self.source)
+
 
 class ProfileError(UsageError):
     """A profile document that lacks a field the code reads, or breaks the profile schema."""
@@ -214,8 +218,8 @@ def build(doc: dict, source: str) -> Profile:
 
     problems = schemas.errors("profile", doc)
     if problems:
-        pointer, sentence = problems[0]
-        raise ProfileError(f"profile {doc.get('id', '?')} ({source}): field {pointer or '/'}: {sentence}",
+        _, sentence = problems[0]  # the sentence names the field by its JSON pointer
+        raise ProfileError(f"profile {doc.get('id', '?')} ({source}): {sentence}",
                            "fix the profile file (schemas/profile.schema.json says what each field takes)")
     return _typed(doc, source)
 

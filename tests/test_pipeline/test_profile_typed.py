@@ -154,6 +154,14 @@ def test_a_catalog_profile_missing_a_field_fails_at_load(catalog_copy):
     assert "\n" not in message
 
 
+def test_a_profile_pickles_as_its_document():
+    import pickle
+
+    prof = profiles.get("1.8.0-npu-16K")
+    again = pickle.loads(pickle.dumps(prof))
+    assert again == prof and again is not prof and again.genai.options == prof.genai.options
+
+
 def test_profiles_compare_by_content_and_hash_by_id():
     a, b = profiles.get("1.8.0-npu-16K"), profiles.get("1.8.0-npu-16K")
     assert a == b and hash(a) == hash(b) and a != profiles.get("1.8.0-npu-4K")

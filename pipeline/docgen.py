@@ -46,9 +46,18 @@ def profiles_md() -> str:
            "**A Ryzen AI release is one catalog entry**: its runtime versions, least NPU driver, the NPU devices its LLM packages run on, its "
            "longest prompt, its Linux deployment and the variants it ships, each naming a template (`set` holds what differs from it, null "
            "removing a key; `reference` adds raipack's build target). The profile `<release>-<variant>` (`1.8.0-npu-16K`) is built from them; "
-           "every profile's `max_prompt_length` table lists every catalogued release. A new release touches the catalog and this generated "
-           "page; a new variant is one template file and one reference to it. `RAIPACK_RELEASES=FILE` makes raipack read another catalog "
-           "(a copy that knows a release raipack does not yet).", "",
+           "every profile's `max_prompt_length` table lists every catalogued release. A new variant is one template file and one reference "
+           "to it. `RAIPACK_RELEASES=FILE` makes raipack read another catalog (a copy that knows a release raipack does not yet).", "",
+           "**Files touched, measured** (a scratch copy of the tree, the change made, `python -m raipack.docgen` run, the covering tests run): "
+           "a new release (a copy of 1.8.0's entry as 9.9.0) is **2 files, no code**: its entry in `pipeline/data/ryzenai_releases.json` and "
+           "this page, regenerated; a folder `<model>_rai_9.9.0_npu_16K` then validates clean as `9.9.0-npu-16K` and a folder of 9.9.0 content "
+           "under a plain name is detected as 9.9.0 (`tests/test_pipeline/test_catalog.py::test_adding_a_release_is_one_catalog_entry` holds it). "
+           "A new Llama-shaped model family (a `model_type` whose layers are Llama's) is **2 files, no code**: its entry in the `families` table "
+           "of `pipeline/data/architectures.json` (architecture, `linears` \"llama\"; the input check, quantize's linear shapes and memory "
+           "model, export's builder options and fuse's matchers all read it) and its row in [families.md](families.md) (`tests/test_pipeline/test_docs.py` "
+           "requires one per architecture); a third, `stages/quantize/data/awq.json`, where Quark 0.13 has no LLMTemplate or AWQ "
+           "config for the model_type (as for qwen3). `tests/test_pipeline/test_new_family.py` holds it, and fails if code compares a model_type with a "
+           "family's name again. What raipack cannot make data: the OGA builder and transformers must know the architecture.", "",
            "`--profile auto` (the default) picks the profile in this order: a raipack `manifest.json` (the reference profiles); a folder name "
            "that names a release (`<model>_rai_<release>_<variant>`): a catalogued release is its profile, a release newer than the catalog is "
            "checked against the newest known release of the same variant, said in the reason and warned by RP108; then the content markers (the "
@@ -57,17 +66,17 @@ def profiles_md() -> str:
            *releases_table(), "",
            "| id | title | folder names | required files | RyzenAI options checked | search | tiers (prefill / token) |", "|---|---|---|---|---|---|---|"]
     for p in all_profiles().values():
-        names = ", ".join(f"`{n}`" for n in p["detect"]["name_patterns"]) or "(by content)"
-        req = ", ".join(f"`{f}`" for f in p["files"]["required"]) + "".join(f"; one of {' / '.join(f'`{x}`' for x in g)}" for g in p["files"].get("required_one_of", []))
-        opts = ", ".join(f"`{k}`" + (f" ∈ {{{', '.join(v['allowed'])}}}" if v.get("allowed") else "") for k, v in p["genai"]["options"].items()) or "-"
-        search = ", ".join(f"{k} {v}" for k, v in p["genai"]["search"].items()) or "-"
-        b = p["buckets"]
-        tiers = f"{len(b['prefill'])} / {len(b['token'])}" if b["prefill"] or b["token"] else "-"
-        out.append(f"| `{p['id']}` | {p['title']} | {names} | {req} | {opts} | {search} | {tiers} |")
+        names = ", ".join(f"`{n}`" for n in p.detect.name_patterns) or "(by content)"
+        req = ", ".join(f"`{f}`" for f in p.files.required) + "".join(f"; one of {' / '.join(f'`{x}`' for x in g)}" for g in p.files.required_one_of)
+        opts = ", ".join(f"`{k}`" + (f" ∈ {{{', '.join(v.allowed)}}}" if v.allowed else "") for k, v in p.genai.options.items()) or "-"
+        search = ", ".join(f"{k} {v}" for k, v in p.genai.search.items()) or "-"
+        b = p.buckets
+        tiers = f"{len(b.prefill)} / {len(b.token)}" if not p.tierless else "-"
+        out.append(f"| `{p.id}` | {p.title} | {names} | {req} | {opts} | {search} | {tiers} |")
     out += ["", *metastate_table(), ""]
     for p in all_profiles().values():
-        if p.get("notes"):
-            out += [f"- **{p['id']}**: {p['notes']}"]
+        if p.notes:
+            out += [f"- **{p.id}**: {p.notes}"]
     return "\n".join(out) + "\n"
 
 
@@ -92,13 +101,13 @@ def metastate_table() -> list[str]:
     out = ["dd_metastate sets (RP601): the files every set must have, the groups the release's layout ships together (a set holding part of a group is an incomplete copy, a warning), the files a set may have.", "",
            "| id | sets required | every set has | shipped together | may have | one set per tier |", "|---|---|---|---|---|---|"]
     for p in all_profiles().values():
-        m = p["metastate"]
-        if m["required"] or m["siblings"]:
-            out.append(f"| `{p['id']}` | {'yes' if m['required'] else 'no'} | {_exts(m['siblings'])} | {'; '.join(_exts(g) for g in m.get('ship_together', [])) or '-'} | {_exts(m['optional_siblings'])} | {'yes' if m['tiered'] else 'no'} |")
+        m = p.metastate
+        if m.required or m.siblings:
+            out.append(f"| `{p.id}` | {'yes' if m.required else 'no'} | {_exts(m.siblings)} | {'; '.join(_exts(g) for g in m.ship_together) or '-'} | {_exts(m.optional_siblings)} | {'yes' if m.tiered else 'no'} |")
     return out
 
 
-def _exts(names: list[str]) -> str:
+def _exts(names) -> str:
     return ", ".join(f"`.{x}`" for x in names) or "-"
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from raipack import machine
 from raipack.core.errors import NothingToValidate, UsageError
 from raipack.npu.settings import version_tuple
-from raipack.npu.target import Target, target_of
+from raipack.npu.spec import Profile
+from raipack.npu.target import Target
 
 WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]|\\")  # a drive letter, or any backslash
 PATH_KEYS = ("filename", "external_data_file", "custom_ops_library", "dd_root", "dd_cache", "ep_context_file_path", "config_file", "path")
@@ -146,14 +147,14 @@ def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
 
     ctx, reason = opened
     profile = ctx.profile
-    release = profile.get("release", "n/a")
+    release = profile.release
     needs = machine.release_entry(release) if release != "n/a" else None
     version = env["sdk"]["version"] or (env["release"] or {}).get("release")
     if version:
         ctx.sdk_version = version  # RP006 then measures the prompt limit of the Ryzen AI here
     findings, _ = run_checks(ctx)
-    info = {"path": str(ctx.pkg.root), "profile": profile["id"], "profile_reason": reason, "release": release,
-            "target": profile.get("target"), "needs": {k: needs[k] for k in ("onnxruntime_genai", "onnxruntime", "confidence", "source")} if needs else None}
+    info = {"path": str(ctx.pkg.root), "profile": profile.id, "profile_reason": reason, "release": release,
+            "target": profile.target.value, "needs": {k: needs[k] for k in ("onnxruntime_genai", "onnxruntime", "confidence", "source")} if needs else None}
     problems = _kind_problems(profile, release) + _release_problems(release, needs, env) + device_problems(release, env["npu"])
     problems += [Problem(f.check_id, "error", f"{f.path or '.'}: {f.message}", f.hint) for f in findings if f.severity == "error"]
     problems += [Problem("DR105", "warning", f.message, f.hint) for f in findings if f.check_id == "RP006"]
@@ -177,12 +178,12 @@ def _linux_problems(ctx, release: str, env: dict) -> list[Problem]:
     return out
 
 
-def _kind_problems(profile: dict, release: str) -> list[Problem]:
-    if target_of(profile) is Target.REFERENCE:
-        return [Problem("DR100", "error", f"built by raipack's reference backend (profile {profile['id']}): its NPU files are raipack's open formats, which AMD's runtime cannot load",
+def _kind_problems(profile: Profile, release: str) -> list[Problem]:
+    if profile.target is Target.REFERENCE:
+        return [Problem("DR100", "error", f"built by raipack's reference backend (profile {profile.id}): its NPU files are raipack's open formats, which AMD's runtime cannot load",
                         "rebuild with --backend ryzenai-sdk on a machine with AMD's model_generate, or run it on the CPU with `raipack run`")]
     if release == "n/a":
-        return [Problem("DR100", "error", f"not an NPU package (profile {profile['id']}): it has no RyzenAI post-processing",
+        return [Problem("DR100", "error", f"not an NPU package (profile {profile.id}): it has no RyzenAI post-processing",
                         "fuse it for a Ryzen AI release first (`raipack build --from fuse`)")]
     return []
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_bytes
 from raipack.data import load_data
+from raipack.npu.target import Target
 from raipack.validate import validate_all
 
 MAX_BYTES = 64 * 1024 * 1024
@@ -104,7 +105,7 @@ def check_package(package: Path, allow_reference: bool) -> None:
     from raipack.npu.profile import get
 
     profile = get(outcome.profile)
-    if profile.get("target") == "reference" and not allow_reference:
+    if profile.target is Target.REFERENCE and not allow_reference:
         raise RaipackError(f"{package} is a raipack reference package (profile {outcome.profile}): its NPU files are raipack's open formats, which AMD's Ryzen AI runtime behind lemonade's {facts()['recipe']} recipe cannot load",
                            "build it with the fuse stage's ryzenai-sdk backend for an AMD release profile, or pass --allow-reference to register it anyway")
     if not (package / "genai_config.json").is_file():

@@ -8,7 +8,8 @@ from pathlib import Path
 from raipack.checks import run_checks
 from raipack.npu.dims import model_dims
 from raipack.npu.layout import metastate_sets, tiers_present
-from raipack.npu.target import Target, target_of
+from raipack.npu.spec import Profile
+from raipack.npu.target import Target
 from raipack.validate import open_package
 
 
@@ -25,7 +26,7 @@ def summary(path: Path, profile: str = "auto") -> dict:
     L = ctx.settings.as_dict()
     return {
         "path": str(path),
-        "profile": prof["id"],
+        "profile": prof.id,
         "profile_reason": reason,
         "files": {
             "count": len(pkg.files),
@@ -48,8 +49,8 @@ def summary(path: Path, profile: str = "auto") -> dict:
         "dims": {dim: {label: v for label, (v, _, _) in src.items()} for dim, src in model_dims(ctx.genai, ctx.model_config).items()},
         "buckets": {
             "metastate_sets": len(metastate_sets(pkg)),
-            "tiers_in_files": {phase: sorted({t for ts in nodes.values() for t in ts}) for phase, nodes in tiers_present(pkg).items()} if prof["metastate"].get("tiered") else {},
-            "profile_tiers": prof["buckets"],
+            "tiers_in_files": {phase: sorted({t for ts in nodes.values() for t in ts}) for phase, nodes in tiers_present(pkg).items()} if prof.metastate.tiered else {},
+            "profile_tiers": prof.buckets.as_dict(),
         },
         "runs_on": _runs_on(prof, opts),
         "findings": [f.to_dict() for f in findings],
@@ -65,13 +66,13 @@ def _graph_ops(ctx) -> dict:
     return dict(Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in g.graph.node).most_common(12))
 
 
-def _runs_on(prof: dict, opts: dict) -> str:
-    if target_of(prof) is Target.INTERMEDIATE:
+def _runs_on(prof: Profile, opts: dict) -> str:
+    if prof.target is Target.INTERMEDIATE:
         return "nothing yet: an intermediate build folder, not a deployable package"
     backend = opts.get("hybrid_opt_token_backend")
-    if target_of(prof) is Target.REFERENCE:
+    if prof.target is Target.REFERENCE:
         return "raipack's reference runtime on CPU (`raipack run`); the layout of AMD's NPU packages, not loadable by AMD's runtime"
-    if backend == "npu" or target_of(prof) is Target.NPU:
+    if backend == "npu" or prof.target is Target.NPU:
         return "prefill and decode on the NPU (RyzenAI provider); CPU for embedding and sampling"
     return "prefill on the NPU, decode on the iGPU (hybrid)"
 

@@ -107,7 +107,7 @@ def plan(path: Path, max_length: int | None, max_prompt: int | None, chunk_size:
         seq = _seq_length(ctx, ml, cs if L["chunked"] else None, prompt, kv, prefill)
         put("hybrid_opt_max_seq_length", _container(new, where["hybrid_opt_max_seq_length"]), "hybrid_opt_max_seq_length", str(seq))
     new_text = dump_like(new, old_text)
-    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version, ctx.profile["id"], reason, manifest=recorded)
+    p = Plan(ctx.pkg.root / GENAI, old_text, new_text, changes, version, ctx.profile.id, reason, manifest=recorded)
     after = _prevalidate(ctx, new, version[0], recorded)
     if profile == "auto":
         _note_profile_change(p, after, reason)
@@ -144,7 +144,7 @@ def _prompt_length(ctx, L: dict, version: tuple[str, str], max_prompt: int | Non
     when it exceeds either, or when rai_config.json's max_prompt_length exceeds max_length."""
     limit = ctx.settings.prompt_limit(ctx.profile, version[0])
     if limit is None:
-        raise UsageError(f"--sdk-version {version[0]}: neither rai_config.json nor profile {ctx.profile['id']} gives a max_prompt_length for it", f"choose one of: {', '.join(sorted({**ctx.profile.get('max_prompt_length', {}), **L['max_prompt']}))}")
+        raise UsageError(f"--sdk-version {version[0]}: neither rai_config.json nor profile {ctx.profile.id} gives a max_prompt_length for it", f"choose one of: {', '.join(sorted({**ctx.profile.max_prompt_length, **L['max_prompt']}))}")
     prompt = max_prompt or min(limit[0], ml)
     if prompt > limit[0]:
         raise Refused(f"--max-prompt {prompt} is above the {limit[0]} tokens Ryzen AI {version[0]} allows ({limit[1]})", "lower --max-prompt, or name a newer release with --sdk-version")
@@ -159,7 +159,7 @@ def _prompt_length(ctx, L: dict, version: tuple[str, str], max_prompt: int | Non
 def _note_profile_change(p: Plan, after, reason: str) -> None:
     """With `--profile auto`, a note when the edited package would be detected as another profile."""
     found = profiles.detect(after)
-    now = found.profile["id"] if found else "oga-export"
+    now = found.profile.id if found else "oga-export"
     if now != p.profile:
         p.reason = f"detected before the edit: {reason}"
         p.notes.append(f"note: with these settings `--profile auto` takes this package for profile {now}, no longer {p.profile}; pass --profile {p.profile} to later tune and validate runs (to undo this change, too)")
@@ -235,12 +235,12 @@ def _show(value) -> str:
 
 def _check_token_tiers(ctx, ml: int, auto: bool = False) -> None:
     token = compiled_tiers(ctx, "token")
-    top = max(token) if token else ctx.profile.get("context")
+    top = max(token) if token else ctx.profile.context
     if top and ml > top:
         hint = f"use --max-length {top} or less"
         if auto and _detected_by_lengths(ctx):
-            hint += f"; if the package was tuned down from a larger profile, name that profile with --profile (auto detection took it for {ctx.profile['id']} from its search.max_length)"
-        raise Refused(f"--max-length {ml} is above {top}, the largest token tier profile {ctx.profile['id']} packages are compiled for", hint)
+            hint += f"; if the package was tuned down from a larger profile, name that profile with --profile (auto detection took it for {ctx.profile.id} from its search.max_length)"
+        raise Refused(f"--max-length {ml} is above {top}, the largest token tier profile {ctx.profile.id} packages are compiled for", hint)
     cl = ctx.settings.context_length
     if cl and ml > cl:
         raise Refused(f"--max-length {ml} is above the model's context_length {cl} ({GENAI} /model/context_length)", f"use --max-length {cl} or less")
@@ -251,7 +251,7 @@ def _seq_length(ctx, ml: int, chunk: int | None, prompt: int, kv: int | None, pr
     rounded up to a power of two, else down to the largest one the tiers and KV buffer allow."""
     want, need = (chunk, chunk) if chunk else (ml, prompt)
     tiers = prefill if chunk else compiled_tiers(ctx, "token")
-    caps = [c for c in (max(tiers) if tiers else ctx.profile.get("context"), kv) if c]
+    caps = [c for c in (max(tiers) if tiers else ctx.profile.context, kv) if c]
     cap = min(caps) if caps else None
     seq = pow2_ceil(want)
     if cap and seq > cap:
@@ -280,8 +280,8 @@ def dump_like(doc: dict, original: str) -> str:
 def _detected_by_lengths(ctx) -> bool:
     """Whether --profile auto chose the profile from search.max_length (not from the folder name)."""
     prof = ctx.profile
-    by_name = any(fnmatch.fnmatchcase(ctx.pkg.name, pattern) for pattern in prof["detect"]["name_patterns"])
-    return not by_name and any(c.get("pointer") == "/search/max_length" for c in prof["detect"]["content"])
+    by_name = any(fnmatch.fnmatchcase(ctx.pkg.name, pattern) for pattern in prof.detect.name_patterns)
+    return not by_name and any(c.pointer == "/search/max_length" for c in prof.detect.content)
 
 
 def _prevalidate(ctx, candidate: dict, version: str, manifest_updated: bool = False):
@@ -293,7 +293,7 @@ def _prevalidate(ctx, candidate: dict, version: str, manifest_updated: bool = Fa
         found, _ = run_checks(c)
         return {(f.check_id, f.path, f.pointer): f for f in found if f.severity == "error"}
 
-    after_ctx, _ = open_package(ctx.pkg.root, ctx.profile["id"], virtual={GENAI: candidate})
+    after_ctx, _ = open_package(ctx.pkg.root, ctx.profile.id, virtual={GENAI: candidate})
     before, after = errors(ctx), errors(after_ctx)
     new = [f for key, f in after.items() if key not in before and not (manifest_updated and f.check_id in ("RP801", "RP802") and f.path == GENAI)]
     if new:
@@ -357,7 +357,7 @@ def revalidate(p: Plan):
     ctx, _ = open_package(p.root, p.profile)
     ctx.sdk_version = p.sdk[0]
     findings, ran = run_checks(ctx)
-    return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=p.reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files))
+    return Result(root=str(ctx.pkg.root), profile=ctx.profile.id, profile_reason=p.reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files))
 
 
 # -- raipack tune --platform linux: AMD's documented edits for running a Windows-built package on Linux --
@@ -380,8 +380,8 @@ def plan_linux(path: Path, profile: str = "auto") -> LinuxPlan:
     from raipack.npu import linux
 
     ctx, reason = open_package(path, profile)
-    prof, release = ctx.profile, ctx.profile.get("release", "n/a")
-    stop = linux.refusal(prof) or (None if release != "n/a" else ("error", f"is not a Ryzen AI release package (profile {prof['id']})",
+    prof, release = ctx.profile, ctx.profile.release
+    stop = linux.refusal(prof) or (None if release != "n/a" else ("error", f"is not a Ryzen AI release package (profile {prof.id})",
                                                                    "tune --platform linux edits AMD's release packages"))
     if stop is not None:
         raise Refused(f"{path} {stop[1]}; raipack will not guess Linux edits", stop[2])
@@ -402,7 +402,7 @@ def plan_linux(path: Path, profile: str = "auto") -> LinuxPlan:
         else:
             new = linux.edited_text(ctx.pkg, release, rel, old)
         texts[rel] = (old, new)
-    return LinuxPlan(ctx.pkg.root, prof["id"], reason, release, plan["source"], todo, texts, list(plan.get("environment", [])))
+    return LinuxPlan(ctx.pkg.root, prof.id, reason, release, plan["source"], todo, texts, list(plan.get("environment", [])))
 
 
 def _set_pointer(doc: dict, pointer: str, value) -> None:

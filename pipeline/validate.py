@@ -47,7 +47,7 @@ def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False,
     else:
         prof, reason = profiles.get(profile), "chosen with --profile"
     model_type = _model_type(pkg)
-    if model_type in (prof.get("model_overrides") or {}):
+    if model_type in prof.model_overrides:
         prof, reason = profiles.for_model(prof, model_type), f"{reason}; with its {model_type} settings"
     return Context(pkg, prof, verify_hashes=verify_hashes, jobs=jobs), reason
 
@@ -74,7 +74,7 @@ def validate(path: Path, profile: str = "auto", *, jobs: int | None = None, virt
     ctx, reason = open_package(path, profile, chosen.verify_hashes, jobs, virtual)
     ctx.platform = chosen.platform
     findings, ran = run_checks(ctx, chosen.select, chosen.ignore)
-    return Result(root=str(ctx.pkg.root), profile=ctx.profile["id"], profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
+    return Result(root=str(ctx.pkg.root), profile=ctx.profile.id, profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
 
 
 def expand(paths) -> list[Path]:

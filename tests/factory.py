@@ -35,6 +35,7 @@ from raipack.checks.consistency import sliding_layers
 from raipack.data import load_data
 from raipack.npu.layout import weights_sibling
 from raipack.npu.profile import get as get_profile
+from raipack.npu.spec import Profile
 from seed_models import FAMILIES
 
 QUARK_CONFIG = {
@@ -85,24 +86,24 @@ class Layout:
     extra: list[str] = field(default_factory=list)
 
 
-def layout_for(profile: dict, name: str = "Model") -> Layout:
-    pid = profile["id"]
+def layout_for(profile: Profile, name: str = "Model") -> Layout:
+    pid = profile.id
     if pid == "1.3-hybrid":
         return Layout(f"{name}_jit.onnx", f"{name}_jit.onnx.data", f"{name}_jit.pb.bin", None)
     if pid == "1.3-npu":
         return Layout("model.onnx", "model.data", None, None, ["prompts.txt"])
     if pid == "1.6-npu":
         return Layout("fusion.onnx", "fusion.onnx.data", "prefill.pb.bin", ".cache")
-    if profile["target"] == "hybrid":
+    if profile.target == "hybrid":
         return Layout("model_jit.onnx", "model_jit.onnx.data", "model_jit.pb.bin", None)
-    if profile["target"] == "intermediate":
+    if profile.target == "intermediate":
         return Layout("model.onnx", "model.onnx.data", None, None)
     return Layout()
 
 
-def folder_name(profile: dict, model: str = "Llama-3.2-1B-Instruct") -> str:
-    patterns = profile["detect"]["name_patterns"]
-    return patterns[0].replace("*", model) if patterns else f"{model}-{profile['id']}"
+def folder_name(profile: Profile, model: str = "Llama-3.2-1B-Instruct") -> str:
+    patterns = profile.detect.name_patterns
+    return patterns[0].replace("*", model) if patterns else f"{model}-{profile.id}"
 
 
 # -- the graph ---------------------------------------------------------------
@@ -155,20 +156,20 @@ def save_graph(model: onnx.ModelProto, root: Path, graph_name: str, data_name: s
 
 # -- configs -----------------------------------------------------------------
 
-def genai_config(profile: dict, d: Dims, lay: Layout, max_length: int | None = None) -> dict:
+def genai_config(profile: Profile, d: Dims, lay: Layout, max_length: int | None = None) -> dict:
     search_defaults = {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True, "length_penalty": 1.0, "max_length": 4096, "min_length": 0,
                        "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1, "past_present_share_buffer": True, "repetition_penalty": 1.0,
                        "temperature": 0.6, "top_k": 50, "top_p": 0.9}
-    search = dict(search_defaults, **profile["genai"]["search"])
+    search = dict(search_defaults, **profile.genai.search)
     if max_length:
         search["max_length"] = max_length
     opts = {}
-    if profile["target"] == "hybrid" and profile["genai"]["form"] == "provider_options":
+    if profile.target == "hybrid" and profile.genai.form == "provider_options":
         # AMD's 1.7+ hybrid packages (AMD_PACKAGES.md §2): no hybrid_opt_token_backend (npu would make it an NPU package)
         opts = {"external_data_file": lay.header, "hybrid_opt_free_after_prefill": "1", "hybrid_opt_max_seq_length": "4096"}
-    for key, rule in profile["genai"]["options"].items() if not opts else ():
-        if rule.get("allowed"):
-            opts[key] = rule["allowed"][-1] if key != "external_data_file" else rule["allowed"][0]
+    for key, rule in profile.genai.options.items() if not opts else ():
+        if rule.allowed:
+            opts[key] = rule.allowed[-1] if key != "external_data_file" else rule.allowed[0]
         elif key == "external_data_file":
             opts[key] = lay.header
         elif key in ("hybrid_opt_max_seq_length",):
@@ -179,10 +180,10 @@ def genai_config(profile: dict, d: Dims, lay: Layout, max_length: int | None = N
             opts[key] = "onnx_custom_ops.dll"
         elif key == "hybrid_opt_chunk_context_threshold":
             opts[key] = "1"
-        elif rule.get("required"):
+        elif rule.required:
             opts[key] = "1"
     session = {"log_id": "onnxruntime-genai", "provider_options": []}
-    form = profile["genai"]["form"]
+    form = profile.genai.form
     if form == "session_options":
         entries = {k: v for k, v in opts.items() if k.startswith(("hybrid_opt", "max_length_for"))}
         session.update({k: v for k, v in opts.items() if k not in entries})
@@ -272,33 +273,33 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, name: st
     sparse, npu_bytes, data_bytes = chosen.sparse, chosen.npu_bytes, chosen.data_bytes
     profile = get_profile(profile_id)
     pkg = Path(root) / (name or folder_name(profile))
-    if profile["target"] == "reference":
+    if profile.target == "reference":
         if (d, sparse, npu_bytes, data_bytes, max_length) != (None, False, 4096, 0, None):
             raise ValueError(f"{profile_id} packages are copies of one real fused package; they take no dimensions or sizes")
         shutil.copytree(reference_package(profile_id), pkg, dirs_exist_ok=True)
         return pkg
-    if profile["target"] == "model-package":  # an ONNX Runtime model package: the 4K reference package and its export
+    if profile.target == "model-package":  # an ONNX Runtime model package: the 4K reference package and its export
         shutil.copytree(model_package(), pkg, dirs_exist_ok=True)
         return pkg
     d = d or Dims()
     pkg.mkdir(parents=True, exist_ok=True)
     lay = layout_for(profile)
-    if profile["id"] in ("hf-source", "quark-export"):
+    if profile.id in ("hf-source", "quark-export"):
         write_safetensors(pkg / "model.safetensors", {"lm_head.weight": np.zeros((4, 4), np.float32)})
     else:
         save_graph(make_graph(d), pkg, lay.graph, lay.data)
     if data_bytes:
         with open(pkg / lay.data, "r+b") as fh:
             fh.truncate(max(data_bytes, os.path.getsize(pkg / lay.data)))
-    if profile["genai"]["form"] != "builder" or profile["id"] == "oga-export":
+    if profile.genai.form != "builder" or profile.id == "oga-export":
         write_json(pkg / "genai_config.json", genai_config(profile, d, lay, max_length))
-    amd_hybrid = profile["target"] == "hybrid" and profile["genai"]["form"] == "provider_options"  # AMD ships config.json = {}
-    write_json(pkg / "config.json", {} if amd_hybrid else model_config(d, profile["quantization"]["config_json"] == "quark" or profile["target"] != "intermediate"))
+    amd_hybrid = profile.target == "hybrid" and profile.genai.form == "provider_options"  # AMD ships config.json = {}
+    write_json(pkg / "config.json", {} if amd_hybrid else model_config(d, profile.quantization.config_json == "quark" or profile.target != "intermediate"))
     (pkg / "tokenizer.json").write_text(tokenizer_text(d.tokenizer_vocab or min(d.vocab, 320)))
     write_json(pkg / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": d.context_length, "tokenizer_class": "PreTrainedTokenizerFast"})
     write_json(pkg / "generation_config.json", {"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6, "top_p": 0.9})
-    if profile["target"] != "intermediate":
-        write_json(pkg / "rai_config.json", {"max_prompt_length": {v: min(n, 4096) for v, n in profile["max_prompt_length"].items()}})
+    if profile.target != "intermediate":
+        write_json(pkg / "rai_config.json", {"max_prompt_length": {v: min(n, 4096) for v, n in profile.max_prompt_length.items()}})
     for extra in lay.extra:
         (pkg / extra).write_text("What is the capital of France?\n")
     if lay.header:
@@ -307,7 +308,7 @@ def make_package(root: Path, profile_id: str, d: Dims | None = None, *, name: st
     if lay.cache:
         _cache(pkg / lay.cache, d, sparse)
         _release_extras(pkg, profile, lay.cache)
-    if profile["metastate"]["required"] or profile["metastate"]["siblings"]:
+    if profile.metastate.required or profile.metastate.siblings:
         _metastate(pkg, profile, d, max_length)
     write_hub_gitattributes(pkg)
     return pkg
@@ -350,24 +351,24 @@ def _cache(folder: Path, d: Dims, sparse: bool) -> None:
             "tensor_map": consts, "state_table_updates": []})
 
 
-def _release_extras(pkg: Path, profile: dict, cache: str) -> None:
+def _release_extras(pkg: Path, profile: Profile, cache: str) -> None:
     """The files a release's runtime opens beyond the profile's list (pipeline/data/runtime_files.json)."""
     import fnmatch
     import zipfile
 
     for extra in load_data("runtime_files.json")["extra"]:
-        if any(fnmatch.fnmatchcase(profile["id"], p) for p in extra["profiles"]):
+        if any(fnmatch.fnmatchcase(profile.id, p) for p in extra["profiles"]):
             with zipfile.ZipFile(pkg / extra["file"].format(cache=cache), "w") as zf:
                 zf.writestr("txn_0.bin", b"\0" * 64)
 
 
-def _metastate(pkg: Path, profile: dict, d: Dims, max_length: int | None) -> None:
-    spec = profile["metastate"]
-    exts = spec["siblings"] or ["state"]
-    if spec.get("tiered"):
-        ml = max_length or profile["genai"]["search"].get("max_length", 4096)
+def _metastate(pkg: Path, profile: Profile, d: Dims, max_length: int | None) -> None:
+    spec = profile.metastate
+    exts = spec.siblings or ["state"]
+    if spec.tiered:
+        ml = max_length or profile.genai.search.get("max_length", 4096)
         for phase, key in (("Prefill", "prefill"), ("Token", "token")):
-            for tier in profile["buckets"][key]:
+            for tier in profile.buckets.of(key):
                 if tier <= ml:
                     for ext in exts:
                         write_json(pkg / f"dd_metastate_Llm_{phase}_decoder_{tier}.{ext}", {"tier": tier, "phase": phase})
@@ -451,7 +452,7 @@ def real_size_package(root, name: str, spec: dict) -> Path:
     genai["model"]["type"] = family["config"]["model_type"]
     if block := sliding_block(family["config"]):
         genai["model"]["decoder"]["sliding_window"] = block
-    over = (get_profile(spec["profile"]).get("model_overrides") or {}).get(family["config"]["model_type"], {})
+    over = get_profile(spec["profile"]).model_overrides.get(family["config"]["model_type"], {})
     if chunk := over.get("genai", {}).get("search", {}).get("chunk_size"):  # the seed article's Phi-3.5 16K settings: 8192
         genai["search"]["chunk_size"] = chunk
         genai["model"]["decoder"]["session_options"]["provider_options"][0]["RyzenAI"]["hybrid_opt_max_seq_length"] = str(chunk)
@@ -553,13 +554,13 @@ def build_reference_packages(out: Path, d: Dims = TINY) -> None:
     write_quark_export(out / "quark", d)
     export(out / "quark", out / "oga")
     for pid, profile in all_profiles().items():
-        if profile["target"] != "reference":
+        if profile.target != "reference":
             continue
         report = fuse(out / "oga", out / pid, profile, quark_dir=out / "quark")
         if report["findings"] or not report["npu_complete"]:
             raise RuntimeError(f"fusing the tiny model for {pid} reported {report['findings']}")
         write_hub_gitattributes(out / pid)
-        write_manifest(out / pid, target_profile=profile["extends"])
+        write_manifest(out / pid, target_profile=profile.extends)
 
 
 def write_quark_export(folder: Path, d: Dims, seed: int = 0) -> Path:

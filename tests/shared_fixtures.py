@@ -88,7 +88,7 @@ def reference_packages(reference_dir):
     tests that time a build and must not pay for this one inside it."""
     from raipack.npu.profile import all_profiles
 
-    return {pid: reference_package(pid) for pid, p in all_profiles().items() if p["target"] == "reference"}
+    return {pid: reference_package(pid) for pid, p in all_profiles().items() if p.target == "reference"}
 
 
 @pytest.fixture

@@ -116,14 +116,14 @@ def test_family_builds_validates_clean_and_matches_its_export(built, family, pro
     pkg = Path(result.package)
     assert pkg.name == package_name(family, profile_id)
     check = validate(pkg)
-    assert check.profile == profiles.reference_for(profiles.get(profile_id))["id"], check.profile_reason
+    assert check.profile == profiles.reference_for(profiles.get(profile_id)).id, check.profile_reason
     assert [(f.check_id, f.severity, f.message) for f in check.findings if f.severity in ("error", "warning", "advice")] == []
     assert not validate(pkg, profile_id).failed()
 
     smoke = stage(result, "smoke").report
     target = profiles.for_model(profiles.get(profile_id), tiny_config(family)["model_type"])
     assert smoke["device"] == "cpu-reference" and smoke["finite"] and smoke["tokens_match_export"]
-    assert [t["tier"] for t in smoke["tiers"]] == [t for t in target["buckets"]["prefill"] if t <= SMOKE_MAX_TIER]
+    assert [t["tier"] for t in smoke["tiers"]] == [t for t in target.buckets.prefill if t <= SMOKE_MAX_TIER]
     assert all(t["tokens_match_export"] and t["finite"] for t in smoke["tiers"])
 
     quantize = stage(result, "quantize").report

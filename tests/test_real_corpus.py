@@ -98,9 +98,9 @@ def test_amd_folder_name_is_detected_as_what_it_stands_for(tmp_path, folder, exp
     found = detect(Package.scan(tmp_path / folder))
     assert found is not None, f"{folder}: no profile from the name"
     prof = found.profile
-    assert prof["target"] == expect["target"] and any(prof["release"].startswith(r) for r in expect["releases"]), prof["id"]
+    assert prof.target == expect["target"] and any(prof.release.startswith(r) for r in expect["releases"]), prof.id
     if "context" in expect:
-        assert prof["context"] == expect["context"], prof["id"]
+        assert prof.context == expect["context"], prof.id
 
 
 def test_the_npu_copy_as_uploaded_without_its_cache_constants_is_one_finding_for_732_files(tmp_path):

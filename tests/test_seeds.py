@@ -73,22 +73,22 @@ def test_seed_package_builds_validates_and_matches_its_export(built, name):
     assert pkg.name == name  # AMD's folder name pattern
 
     check = validate(pkg)
-    assert check.profile == profiles.reference_for(profiles.get(spec["profile"]))["id"], check.profile_reason
+    assert check.profile == profiles.reference_for(profiles.get(spec["profile"])).id, check.profile_reason
     assert [f for f in check.findings if f.severity in ("error", "warning")] == []
     assert not validate(pkg, spec["profile"]).failed()  # and as AMD's release profile (only raipack's .plan files are extra)
 
     genai = json.loads((pkg / "genai_config.json").read_text())
     opts, _ = ryzenai_options(genai)
     search = genai["search"]
-    assert search["max_length"] == target["genai"]["search"]["max_length"]
-    assert search.get("chunk_size") == target["genai"]["search"].get("chunk_size")
+    assert search["max_length"] == target.genai.search["max_length"]
+    assert search.get("chunk_size") == target.genai.search.get("chunk_size")
     assert opts["hybrid_opt_token_backend"] == "npu" and opts["external_data_file"] == "model.pb.bin"
-    want_seq = {"{npu_seq}": max(target["buckets"]["prefill"]), "{max_length_pow2}": search["max_length"]}[target["genai"]["options"]["hybrid_opt_max_seq_length"]["build"]]
+    want_seq = {"{npu_seq}": max(target.buckets.prefill), "{max_length_pow2}": search["max_length"]}[target.genai.options["hybrid_opt_max_seq_length"].build]
     assert opts["hybrid_opt_max_seq_length"] == str(want_seq)
-    if "max_length_for_kv_cache" in target["genai"]["options"]:
+    if "max_length_for_kv_cache" in target.genai.options:
         assert opts["max_length_for_kv_cache"] == str(search["max_length"])
     rai = json.loads((pkg / "rai_config.json").read_text())
-    assert rai["max_prompt_length"][target["release"]] == 4096
+    assert rai["max_prompt_length"][target.release] == 4096
 
     cfg = json.loads((pkg / "config.json").read_text())
     for key in ("vocab_size", "num_key_value_heads", "num_attention_heads", "tie_word_embeddings", "rope_scaling", "rope_theta"):
@@ -97,12 +97,12 @@ def test_seed_package_builds_validates_and_matches_its_export(built, name):
 
     smoke = stage(result, "smoke").report
     assert smoke["device"] == "cpu-reference" and smoke["finite"] and smoke["tokens_match_export"]
-    assert [t["tier"] for t in smoke["tiers"]] == [t for t in target["buckets"]["prefill"] if t <= SMOKE_MAX_TIER]
+    assert [t["tier"] for t in smoke["tiers"]] == [t for t in target.buckets.prefill if t <= SMOKE_MAX_TIER]
     assert all(t["tokens_match_export"] and t["finite"] for t in smoke["tiers"])
     assert smoke["overlong_prompt_refused"]
 
 
-LONG = [n for n in sorted(PACKAGES) if profiles.get(PACKAGES[n]["profile"])["context"] > 4096]
+LONG = [n for n in sorted(PACKAGES) if profiles.get(PACKAGES[n]["profile"]).context > 4096]
 
 
 @pytest.mark.parametrize("name", by_family(LONG))
@@ -116,7 +116,7 @@ def test_long_prompt_beyond_the_4k_rope_window_matches_the_export(built, name, t
     result = built(name)
     pkg = tmp_path / name
     shutil.copytree(result.package, pkg)
-    release = profiles.get(PACKAGES[name]["profile"])["release"]
+    release = profiles.get(PACKAGES[name]["profile"]).release
     (pkg / "rai_config.json").write_text(json.dumps({"max_prompt_length": {release: 6000}}))
     rt = ReferenceRuntime(pkg, threads=2)
     export = OrtDecoder(Path(stage(result, "export").path), threads=2)

@@ -71,7 +71,7 @@ def prompt_limit(package: Path) -> tuple[int, int, str]:
 
     ctx, _ = open_package(package)
     s, prof = ctx.settings, ctx.profile
-    found = s.prompt_limit(prof, str(prof.get("release") or ""))
+    found = s.prompt_limit(prof, str(prof.release or ""))
     limit, source = found if found else (s.longest_prompt() or 0, "genai_config.json search.max_length")
     return s.prompt_cap(limit) if s.max_length else limit, s.max_length or limit, source
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from raipack.builder.handover import Handover
 from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
+from raipack.npu.spec import Profile
 
 
 def _quiet() -> Progress:
@@ -22,7 +23,7 @@ def _quiet() -> Progress:
 @dataclass
 class BuildContext:
     recipe: Recipe
-    profile: dict
+    profile: Profile
     cache_root: Path  # resolved: cache.cache_root() when the caller named none
     progress: Progress = field(default_factory=_quiet)
     verify_cache: bool = False  # hash every cache hit against its manifest

@@ -15,13 +15,14 @@ import traceback
 from pathlib import Path
 
 from raipack.core.errors import RaipackError
+from raipack.npu.spec import Profile
 
 
 class StageCrashed(RaipackError):
     """A stage ended with an exception that is not a RaipackError."""
 
 
-def stage_crashed(stage: str, recipe, profile: dict, exc: Exception) -> StageCrashed:
+def stage_crashed(stage: str, recipe, profile: Profile, exc: Exception) -> StageCrashed:
     """The error to raise instead of `exc`, after writing its traceback to a file."""
     from raipack.builder.runner import package_name
 

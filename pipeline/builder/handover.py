@@ -28,6 +28,7 @@ from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text
 from raipack.core.package import ReadError, loads_strict, read_regular
+from raipack.npu.spec import Profile
 
 FILE = "handover.json"
 FORMAT = "raipack-handover"
@@ -56,8 +57,9 @@ class Handover:
         return self.doc["next"]
 
 
-def profile_digest(profile: dict) -> str:
-    return hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()
+def profile_digest(profile: Profile) -> str:
+    """The digest of the resolved profile document (canonical JSON, keys sorted)."""
+    return hashlib.sha256(json.dumps(profile.document(), sort_keys=True).encode()).hexdigest()
 
 
 def needed_after(until: str) -> list[str]:
@@ -125,7 +127,7 @@ def describe(result, last: str, entries: list[dict]) -> dict:
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "recipe": {"name": recipe.model_name(), "profile": recipe.profile, "expected_answer": recipe.expected_answer,
                    "trust_remote_code": recipe.trust_remote_code, "stages": {k: v for k, v in recipe.stages.items() if v}},
-        "profile": {"id": result.profile["id"], "sha256": profile_digest(result.profile)},
+        "profile": {"id": result.profile.id, "sha256": profile_digest(result.profile)},
         "until": last, "next": names[names.index(last) + 1],
         "stages": entries,
         "tools": manifest.tool_versions(TOOLS),
@@ -219,12 +221,12 @@ def recipe_from(handover: Handover, recipe_path, overrides: dict):
     return recipe
 
 
-def profile_drift(handover: Handover, profile: dict) -> str:
+def profile_drift(handover: Handover, profile: Profile) -> str:
     """A line when this raipack's target profile is not the one the hand-over was made with ("" when it is)."""
     made = handover.doc.get("profile") or {}
     if made.get("sha256") in (None, profile_digest(profile)):
         return ""
-    return (f"warning: profile {profile['id']} here differs from the one the hand-over was made with (raipack "
+    return (f"warning: profile {profile.id} here differs from the one the hand-over was made with (raipack "
             f"{handover.doc.get('generator', {}).get('version', '?')}); the remaining stages use this one")
 
 

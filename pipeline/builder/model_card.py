@@ -95,7 +95,7 @@ def tags(report: dict) -> list[str]:
     quant = next((s["report"] for s in report["stages"] if s["name"] == "quantize"), {})
     prof = profiles.get(report["profile"])
     found = [quant.get("algorithm"), str(quant.get("scheme") or "").split("_")[0] or None,
-             f"ryzenai-{prof['release']}" if prof.get("release") else None, report["profile"]]
+             f"ryzenai-{prof.release}" if prof.release else None, report["profile"]]
     return list(dict.fromkeys([*load_data("model_card.json")["tags"], *(t for t in found if t)]))
 
 

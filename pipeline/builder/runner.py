@@ -33,6 +33,7 @@ from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.core.output import atomic_write_text
 from raipack.core.stage import Job
 from raipack.npu import profile as profiles
+from raipack.npu.spec import Profile
 
 
 class StageFailed(RaipackError):
@@ -56,7 +57,7 @@ class StageResult:
 @dataclass
 class BuildResult:
     recipe: Recipe
-    profile: dict
+    profile: Profile
     stages: list[StageResult]
     package: Path | None
     seconds: float
@@ -68,7 +69,7 @@ class BuildResult:
             "format": "raipack-build-report",
             "format_version": 1,
             "model": self.recipe.model_name(),
-            "profile": self.profile["id"],
+            "profile": self.profile.id,
             "package": str(self.package) if self.package else None,
             "seconds": round(self.seconds, 2),
             "stages": [{"name": s.name, "status": s.status, "seconds": round(s.seconds, 2), "cache_key": s.key, "report": s.report} for s in self.stages],
@@ -78,11 +79,11 @@ class BuildResult:
         }
 
 
-def package_name(recipe: Recipe, profile: dict) -> str:
+def package_name(recipe: Recipe, profile: Profile) -> str:
     """AMD's pattern: <model>_rai_<release>_npu_<4K|16K> (from the profile's name pattern)."""
-    patterns = profile["detect"]["name_patterns"]
+    patterns = profile.detect.name_patterns
     if not patterns:
-        raise UsageError(f"profile {profile['id']} is not a package target", "choose a release profile such as 1.8.0-npu-16K (see `raipack profiles`)")
+        raise UsageError(f"profile {profile.id} is not a package target", "choose a release profile such as 1.8.0-npu-16K (see `raipack profiles`)")
     return patterns[0].replace("*", recipe.model_name())
 
 
@@ -170,10 +171,10 @@ def build(recipe: Recipe, options: BuildOptions | None = None, /, **flags) -> Bu
         staging.release(root)
 
 
-def stage_key(st, cfg, profile: dict, outputs: dict, rehash: bool = False) -> str:
+def stage_key(st, cfg, profile: Profile, outputs: dict, rehash: bool = False) -> str:
     """The cache key of stage `st` with config `cfg` for `profile`, over its input folders (hashed again with `rehash`)."""
     digests = {i: cache.folder_digest(outputs[i], memo=not rehash) for i in st.inputs}
-    return cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile)}, digests, manifest.tool_versions(st.tools))
+    return cache.key(st.name, st.version, {"config": config_dict(cfg), "profile": st.profile_part(profile.document())}, digests, manifest.tool_versions(st.tools))
 
 
 def run_stage(st, ctx: BuildContext, *, force: bool = False, on_miss=None) -> StageResult:
@@ -238,7 +239,7 @@ def stored_report(path: Path) -> dict:
     return doc.get("report", {})
 
 
-def memory_check(st, cfg, folders: list[Path], profile: dict, ignore: bool = False) -> dict:
+def memory_check(st, cfg, folders: list[Path], profile: Profile, ignore: bool = False) -> dict:
     """The stage's memory estimate (the registry's) against the free memory, before anything is staged: a refusal
     in one sentence with the numbers, unless `ignore`. Returns the report's `memory` record."""
     from raipack.core.memory import available, gib
@@ -283,7 +284,7 @@ def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool, memory: dict 
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
         kind = report.pop("manifest_kind", None) or st.kind or st.name  # a stage may say its output is another kind of folder
         doc = manifest.describe(work, kind, stage={"name": st.name, "version": st.version, "config": config_dict(cfg)},
-                                lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile["id"]})
+                                lineage=lineage, tools=manifest.tool_versions(st.tools), extra={"report": report, "target_profile": profile.id})
         _check_output(st, job, work, doc)
         with cache.committing(final):  # one writer of this key at a time: the first commit wins
             if not force and cache.lookup(st.name, ckey, cache_root) is not None:
@@ -390,7 +391,7 @@ def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evalu
         lfs.write(work)  # the Hub's LFS rules, for the files as they are now (the manifest lists it)
         doc = manifest.describe(work, (manifest.read(fused) or {}).get("kind", "package"), lineage={"inputs": [{"stage": stage, "path": str(fused), "sha256": cache.folder_digest(fused)}],
                                 "stages": [{"name": r.name, "version": stages.get(r.name).version, "cache_key": r.key, **_carried(inputs, r.name)} for r in results]},
-                                tools=draft.report()["tools"], extra={"target_profile": profile["id"]})
+                                tools=draft.report()["tools"], extra={"target_profile": profile.id})
         result = _validate_with_manifest(work, doc)
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:

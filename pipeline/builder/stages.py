@@ -17,6 +17,7 @@ from raipack.core.memory import gib
 from raipack.core.stage import MemoryEstimate, Stage
 from raipack.data import load_data
 from raipack.npu.dims import parameter_count, text_config
+from raipack.npu.spec import Profile
 
 MODEL_KIND = "source"  # a user's model folder replaces the output of the stage of this kind
 PACKAGE_KIND = "package"  # the output of the stage of this kind is assembled into the package
@@ -41,7 +42,7 @@ def of_kind(kind: str) -> str:
     return names[0]
 
 
-def memory(name: str, config: Any, folders: list[Path], profile: dict) -> MemoryEstimate:
+def memory(name: str, config: Any, folders: list[Path], profile: Profile) -> MemoryEstimate:
     """Stage `name`'s peak memory, estimated before it loads anything: its own `memory` from the first
     config.json among `folders` (its inputs, the user's model folder), else the allowance rule of
     pipeline/data/stage_memory.json (also when its own estimate does not know the architecture)."""
@@ -55,7 +56,7 @@ def memory(name: str, config: Any, folders: list[Path], profile: dict) -> Memory
     return allowance(name, model_config, profile)
 
 
-def allowance(name: str, model_config: dict | None, profile: dict) -> MemoryEstimate:
+def allowance(name: str, model_config: dict | None, profile: Profile) -> MemoryEstimate:
     data = load_data("stage_memory.json")
     rule = data["rules"].get(name, data["default"])
     try:
@@ -63,7 +64,7 @@ def allowance(name: str, model_config: dict | None, profile: dict) -> MemoryEsti
     except ValueError:
         params = 0
     vocab = text_config(model_config).get("vocab_size") if params else 0
-    tier = max((profile.get("buckets") or {}).get("prefill") or [0])
+    tier = max(profile.buckets.prefill or (0,))
     weights, logits = 4 * params, 4 * (vocab if isinstance(vocab, int) else 0) * tier
     total = int(rule["base"] + rule.get("per_weight_byte", 0) * weights + rule.get("per_logit_byte", 0) * logits)
     basis = f"raipack's allowance for {params / 1e9:.3f}B parameters" if params else "raipack's allowance before the model's config.json is known"

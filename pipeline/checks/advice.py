@@ -7,6 +7,8 @@ so a profile without an entry gets no such advice.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from raipack.checks.base import check
 from raipack.npu.genai import known_options as known
 from raipack.npu.settings import as_int, fit_to_chunk, minimum_version
@@ -15,8 +17,9 @@ from raipack.npu.settings import sdk_version as _sdk_version
 GENAI = "genai_config.json"
 
 
-def advice(ctx, key: str) -> dict | None:
-    return (ctx.profile.get("advice") or {}).get(key)
+def advice(ctx, key: str) -> Mapping | None:
+    """The profile's advice block `key` (token_backend, max_length, ...), None where it is off."""
+    return getattr(ctx.profile.advice, key)
 
 
 def search(ctx) -> dict:
@@ -104,7 +107,7 @@ def max_length_fit(ctx):
     if ml > rule["limit"]:
         kv = kv_bytes(ctx, ml)
         size = f" (about {kv / 2**20:.0f} MiB of KV cache at 16 bits)" if kv else ""
-        yield ctx.finding(GENAI, f"search.max_length is {ml}{size}, far above the {rule['limit']} tokens profile {ctx.profile['id']} packages are built for; recommended at most {rule['limit']}: {rule['why']}",
+        yield ctx.finding(GENAI, f"search.max_length is {ml}{size}, far above the {rule['limit']} tokens profile {ctx.profile.id} packages are built for; recommended at most {rule['limit']}: {rule['why']}",
                           f"raipack tune --max-length {rule['limit']} (or less, if prompts and answers are shorter)", "/search/max_length")
 
 
@@ -143,7 +146,7 @@ def sdk_prompt_limit(ctx):
     limit = S.prompt_limit(ctx.profile, version)
     if not allowed or not limit or allowed <= limit[0]:
         return
-    newer = minimum_version({**ctx.profile.get("max_prompt_length", {}), **S.max_prompt}, allowed)
+    newer = minimum_version({**ctx.profile.max_prompt_length, **S.max_prompt}, allowed)
     hint = (f"run it on Ryzen AI {newer} or later, or " if newer else "") + f"keep prompts to {limit[0]} tokens"
     yield ctx.finding(GENAI, f"prompts of up to {allowed} tokens are allowed but Ryzen AI {version} ({source}) takes at most {limit[0]} ({limit[1]}): {rule['why']}", hint, "/search")
 
@@ -175,7 +178,7 @@ def sampling(ctx):
     if not drift:
         return
     gen = ctx.pkg.try_json("generation_config.json")
-    ref, source = (gen, "generation_config.json") if isinstance(gen, dict) else (drift["defaults"], f"profile {ctx.profile['id']}'s defaults")
+    ref, source = (gen, "generation_config.json") if isinstance(gen, dict) else (drift["defaults"], f"profile {ctx.profile.id}'s defaults")
     for key, tol in drift["tolerance"].items():
         have, want = _number(s.get(key)), _number(ref.get(key))
         if have is not None and want is not None and abs(have - want) > tol:

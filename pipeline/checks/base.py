@@ -13,6 +13,7 @@ from raipack.core.findings import Finding
 from raipack.core.package import Package
 from raipack.npu.genai import ryzenai_options
 from raipack.npu.graph import load_graph
+from raipack.npu.spec import Profile
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def check(check_id: str, name: str, severity: str = "error", needs: str = ""):
 class Context:
     """What a check sees: the package, its profile and the run's options."""
 
-    def __init__(self, pkg: Package, profile: dict, verify_hashes: bool = False, jobs: int | None = None):
+    def __init__(self, pkg: Package, profile: Profile, verify_hashes: bool = False, jobs: int | None = None):
         self.pkg = pkg
         self.profile = profile
         self.verify_hashes = verify_hashes

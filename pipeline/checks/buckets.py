@@ -28,13 +28,13 @@ def metastate_complete(ctx):
     makes that file optional: the runtime compiles and writes a missing state
     at first load, slowly (§6 [V]). A Git LFS pointer counts as present
     (RP102 reports it)."""
-    spec = ctx.profile["metastate"]
+    spec = ctx.profile.metastate
     sets = metastate_sets(ctx.pkg)
-    if spec["required"] and not sets:
-        yield ctx.finding(PREFIX + "*", f"no dd_metastate files: profile {ctx.profile['id']} packages carry one set per NPU node", "copy all dd_metastate_* files of the package")
+    if spec.required and not sets:
+        yield ctx.finding(PREFIX + "*", f"no dd_metastate files: profile {ctx.profile.id} packages carry one set per NPU node", "copy all dd_metastate_* files of the package")
         return
-    required = set(spec["siblings"])
-    known = required | set(spec.get("optional_siblings", []))
+    required = set(spec.siblings)
+    known = required | set(spec.optional_siblings)
     seen = Counter(ext for exts in sets.values() for ext in exts if ext in known or not known)
     for stem, exts in sorted(sets.items()):
         if "state" not in exts and "state" in known:
@@ -42,23 +42,23 @@ def metastate_complete(ctx):
                 yield ctx.finding(rel, f"is orphaned: {stem}.state is missing", "copy the missing .state file, or remove the leftover")
             continue
         for ext in sorted(required - set(exts)):
-            yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} (profile {ctx.profile['id']} requires .{ext})", "copy all dd_metastate_* files of the package")
+            yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} (profile {ctx.profile.id} requires .{ext})", "copy all dd_metastate_* files of the package")
         yield from _usual_siblings(ctx, stem, exts, required, seen, len(sets))
         for ext in sorted(set(exts) - known):
             if known:
-                yield ctx.finding(exts[ext], f"has an extension .{ext} that profile {ctx.profile['id']} does not know", "remove stray files from the package", severity="warning")
+                yield ctx.finding(exts[ext], f"has an extension .{ext} that profile {ctx.profile.id} does not know", "remove stray files from the package", severity="warning")
 
 
 def _usual_siblings(ctx, stem: str, exts: dict, required: set, seen: Counter, total: int):
     """Warnings for the files a set lacks that its release ships with the ones it has, or that
     every other set (or most sets) of the package has; required files are RP601's errors already."""
     reported = set(required)
-    for group in ctx.profile["metastate"].get("ship_together", []):
+    for group in ctx.profile.metastate.ship_together:
         have = [e for e in group if e in exts]
         for ext in group:
             if have and ext not in exts and ext not in reported:
                 reported.add(ext)
-                yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem}, which has {_listed(sorted(exts))}: profile {ctx.profile['id']}'s layout ships {_listed(group)} together, and the runtime cannot run the node without it", _copy_again(stem, ext))
+                yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem}, which has {_listed(sorted(exts))}: profile {ctx.profile.id}'s layout ships {_listed(group)} together, and the runtime cannot run the node without it", _copy_again(stem, ext))
     for ext in sorted(set(seen) - set(exts) - reported):
         if total > 1 and seen[ext] == total - 1:
             yield ctx.finding(f"{stem}.{ext}", f"is missing from the metastate set {stem} while the other {seen[ext]} sets of the package all have a .{ext} file", _copy_again(stem, ext), severity="warning")
@@ -83,27 +83,27 @@ def bucket_tiers(ctx):
     set for every node; the largest token tier covers `search.max_length` and
     the largest prefill tier covers the chunk size; files for undeclared tiers
     are reported as extras."""
-    if not ctx.profile["metastate"].get("tiered"):
+    if not ctx.profile.metastate.tiered:
         return
     S = ctx.settings
-    declared = ctx.profile["buckets"]
+    declared = ctx.profile.buckets
     present = tiers_present(ctx.pkg)
     phases = (("Prefill", "prefill", S.one_pass()), ("Token", "token", S.max_length))
     for phase, key, must_cover in phases:
-        tiers = declared.get(key, [])
+        tiers = list(declared.of(key))
         if any(b <= a for a, b in zip(tiers, tiers[1:])):
-            yield ctx.finding("", f"profile {ctx.profile['id']} declares {key} tiers {tiers}, which are not strictly increasing", "fix the profile's bucket list")
+            yield ctx.finding("", f"profile {ctx.profile.id} declares {key} tiers {tiers}, which are not strictly increasing", "fix the profile's bucket list")
         wanted = expected_tiers(tiers, key, S.max_length)
         nodes = present[phase]
         if wanted and not nodes:
-            yield ctx.finding(f"dd_metastate_Llm_{phase}_*", f"no {key} tier sets found; profile {ctx.profile['id']} declares tiers {wanted}", "rebuild the package with raipack build")
+            yield ctx.finding(f"dd_metastate_Llm_{phase}_*", f"no {key} tier sets found; profile {ctx.profile.id} declares tiers {wanted}", "rebuild the package with raipack build")
             continue
         for node, have in sorted(nodes.items()):
             for t in wanted:
                 if t not in have:
                     yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{t}.state", f"is missing: {key} tier {t} of node {node} has no metastate set", "rebuild the package; a tier without its plan cannot run")
             for t in sorted(have - set(wanted)):
-                yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{t}.state", f"is an extra {key} tier {t} that profile {ctx.profile['id']} does not declare", "remove it or rebuild with the right profile", severity="warning")
+                yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{t}.state", f"is an extra {key} tier {t} that profile {ctx.profile.id} does not declare", "remove it or rebuild with the right profile", severity="warning")
             top = max(have)
             if must_cover and top < must_cover:
                 yield ctx.finding(f"dd_metastate_Llm_{phase}_{node}_{top}.state", f"the largest {key} tier is {top}, below the {must_cover} tokens the settings allow", "add a tier that covers the length, or lower the length settings")

@@ -8,6 +8,7 @@ from raipack.checks.base import check
 from raipack.npu.dims import model_dims as _model_dims
 from raipack.npu.dims import text_config
 from raipack.npu.settings import as_count as _count
+from raipack.npu.target import Target
 
 GENAI = "genai_config.json"
 
@@ -33,9 +34,9 @@ def length_limits(ctx):
     if kv and ml and kv < ml:
         _, where = ctx.options
         yield ctx.finding(GENAI, f"max_length_for_kv_cache is {kv}, below search.max_length {ml}: the static KV buffer holds {kv} tokens, so a request whose prompt and output pass {kv} tokens fails; shorter ones run", f"keep prompt + output within {kv} tokens, or lower search.max_length to {kv} (raipack tune --max-length {kv})", where["max_length_for_kv_cache"])
-    elif ml and seq and ml > seq and not L["chunked"] and ctx.profile["target"] == "hybrid":
+    elif ml and seq and ml > seq and not L["chunked"] and ctx.profile.target is Target.HYBRID:
         yield ctx.finding(GENAI, f"search.max_length is {ml}, above hybrid_opt_max_seq_length {seq} with chunked prefill off: past {seq} tokens in total a hybrid package needs chunked prefill", f"keep prompt + output within {seq} tokens, or turn on chunked prefill: hybrid_opt_chunk_context \"1\" and a search.chunk_size (AMD's long-context steps)", "/search/max_length")
-    limits = ctx.profile.get("max_prompt_length", {})
+    limits = ctx.profile.max_prompt_length
     for version, n in sorted(L["max_prompt"].items()):
         pointer = f"/max_prompt_length/{version}"
         if ml and n > ml:

@@ -12,7 +12,7 @@ from raipack.core.package import SCAN, ReadError
 from raipack.data import load_data
 from raipack.npu import catalog
 from raipack.npu.layout import is_inside
-from raipack.npu.target import Target, target_of
+from raipack.npu.target import Target
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
 
@@ -51,7 +51,7 @@ def hub_lfs_rule(ctx):
     Patterns are matched as git matches them (`pipeline/core/gitattributes.py`);
     the hint is the line to add. A warning; an error under `validate --for hub`. Not for the
     build's intermediate folders (source, Quark and OGA exports): raipack ships packages."""
-    if target_of(ctx.profile) is Target.INTERMEDIATE:  # a stage's output (a Quark or OGA folder) is no package to ship
+    if ctx.profile.target is Target.INTERMEDIATE:  # a stage's output (a Quark or OGA folder) is no package to ship
         return
     try:
         attrs = lfs.attributes_of(ctx.pkg)
@@ -139,21 +139,21 @@ def required_files(ctx):
     The profile's recommended files are reported as warnings."""
     files = ctx.pkg.files
     prof = ctx.profile
-    spec = prof["files"]
+    spec = prof.files
 
     def present(pattern: str) -> bool:
         return pattern in ctx.pkg.dirs or any(fnmatch.fnmatchcase(rel, pattern) for rel in files)
 
-    for pattern in spec["required"]:
+    for pattern in spec.required:
         if not present(pattern):
             what = "a file matching" if any(c in pattern for c in "*?[") else "the file"
-            yield ctx.finding(pattern, f"is missing: profile {prof['id']} requires {what} {pattern!r}", "copy the complete package again (all files of the release)")
-    for group in spec.get("required_one_of", []):
+            yield ctx.finding(pattern, f"is missing: profile {prof.id} requires {what} {pattern!r}", "copy the complete package again (all files of the release)")
+    for group in spec.required_one_of:
         if not any(present(p) for p in group):
-            yield ctx.finding(group[0], f"is missing: profile {prof['id']} requires one of {', '.join(group)}", "copy the complete package again (all files of the release)")
-    for pattern in spec.get("recommended", []):
+            yield ctx.finding(group[0], f"is missing: profile {prof.id} requires one of {', '.join(group)}", "copy the complete package again (all files of the release)")
+    for pattern in spec.recommended:
         if not present(pattern):
-            yield ctx.finding(pattern, f"is missing; profile {prof['id']} packages usually carry it", "add it if the release ships it", severity="warning")
+            yield ctx.finding(pattern, f"is missing; profile {prof.id} packages usually carry it", "add it if the release ships it", severity="warning")
 
 
 @check("RP108", "release-unknown", "warning")
@@ -170,7 +170,7 @@ def release_unknown(ctx):
     release, newest = named[0], catalog.newest()
     age = "newer than" if catalog.version_key(release) > catalog.version_key(newest) else "not in"
     yield ctx.finding(".", f"the folder name {ctx.pkg.name!r} names Ryzen AI {release}, {age} raipack's release catalog "
-                           f"(newest {newest}); checked against profile {ctx.profile['id']} (Ryzen AI {ctx.profile.get('release')}), "
+                           f"(newest {newest}); checked against profile {ctx.profile.id} (Ryzen AI {ctx.profile.release}), "
                            f"whose rules may not be {release}'s",
                       f"add Ryzen AI {release} to the release catalog (one entry, docs/profiles.md; RAIPACK_RELEASES names your copy), "
                       "or give --profile")

@@ -29,7 +29,7 @@ def graph_parse(ctx):
     unknown domain is a warning."""
     rel = ctx.graph_rel
     if rel is None:
-        if ctx.profile["files"]["required"] and ctx.pkg.by_role("graph") == [] and ctx.genai is not None:
+        if ctx.profile.files.required and ctx.pkg.by_role("graph") == [] and ctx.genai is not None:
             yield ctx.finding("genai_config.json", "names no decoder graph that is in the package", "copy the .onnx file that model.decoder.filename names", "/model/decoder/filename")
         return
     g = ctx.graph
@@ -81,7 +81,7 @@ def matmulnbits_quant(ctx):
     g = _graph(ctx)
     if g is None:
         return
-    rules = ctx.profile["quantization"]
+    rules = ctx.profile.quantization
     quant = ctx.quant_config
     if quant is not None and schemas.errors("quantization_config", quant):
         return  # RP202 reports the mistyped config

@@ -23,7 +23,7 @@ from raipack.core.package import JSON_MAX_BYTES, ReadError
 from raipack.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
 from raipack.npu.layout import TIERED, metastate_sets, weights_sibling
 from raipack.npu.settings import expected_tiers, pow2_ceil, pow2_floor, tierless
-from raipack.npu.target import Target, target_of
+from raipack.npu.target import Target
 
 GENAI = "genai_config.json"
 FUSED_DOMAIN = "ai.raipack"
@@ -47,9 +47,9 @@ def _raipack_claim(ctx) -> str | None:
 
     found = built_by_raipack(ctx.pkg)
     if found is not None:
-        return f"manifest.json says raipack built this package for {found.profile.get('extends') or found.profile['id']}"
-    if target_of(ctx.profile) is Target.REFERENCE:
-        return f"it is checked as raipack's reference profile {ctx.profile['id']}"
+        return f"manifest.json says raipack built this package for {found.profile.extends or found.profile.id}"
+    if ctx.profile.target is Target.REFERENCE:
+        return f"it is checked as raipack's reference profile {ctx.profile.id}"
     return None
 
 
@@ -229,7 +229,7 @@ def fused_graph(ctx):
             vals = {a.name: attrs.get(a.ref_attr_name) if a.ref_attr_name else helper.get_attribute_value(a) for a in inner.attribute}
             why = limits.matmul_problems(vals.get("bits", 4), vals.get("block_size"), vals.get("K"), vals.get("N"))
             if why:
-                yield ctx.finding(grel, f"fused node {n.name}: its {inner.name} MatMulNBits breaks the NPU constraints of profile {ctx.profile['id']}: " + ", ".join(why), "quantize with a group size the profile allows", n.name)
+                yield ctx.finding(grel, f"fused node {n.name}: its {inner.name} MatMulNBits breaks the NPU constraints of profile {ctx.profile.id}: " + ", ".join(why), "quantize with a group size the profile allows", n.name)
     for name in sorted(set(ops) - seen):
         yield ctx.finding(rel, f"lists operator {name}, which is not a node of {grel}", "rebuild the package", "/operators")
     wrel = doc.get("weights_file", "model.bin")
@@ -496,39 +496,40 @@ def tier_options(ctx):
         yield ctx.finding(GENAI, f"search.max_length is {ml}, but the package's largest token tier is {token[-1]} (header max_length {t.get('max_length')})", "rebuild the package; the static KV buffer is sized by the largest token tier", "/search/max_length")
     if L["kv_cache"] is not None and L["kv_cache"] != token[-1]:
         yield ctx.finding(GENAI, f"max_length_for_kv_cache is {L['kv_cache']}, but the largest token tier is {token[-1]}", "set it to the largest token tier", where.get("max_length_for_kv_cache", ""))
-    built = (ctx.profile["genai"]["options"].get("hybrid_opt_max_seq_length") or {}).get("build", "{npu_seq}")
+    rule = ctx.profile.genai.options.get("hybrid_opt_max_seq_length")
+    built = rule.build if rule is not None and rule.build is not None else "{npu_seq}"
     want, what = (pow2_floor(token[-1]), "the largest power of two within max_length") if built == "{max_length_pow2}" else (prefill[-1], "the largest prefill tier")
     chunk = L["chunk_size"] if L["chunked"] else None
     tuned = min(pow2_ceil(chunk), prefill[-1]) if chunk and chunk in prefill and built != "{max_length_pow2}" else want
     if L["npu_seq"] is not None and L["npu_seq"] not in (want, tuned):
         also = f" (or {tuned}, the power of two holding the {chunk}-token chunks)" if tuned != want else ""
-        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to {what}, {want}{also}", f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
+        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile.id} sets it to {what}, {want}{also}", f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
     if L["chunk_size"] is not None and L["chunk_size"] not in prefill:
         yield ctx.finding(GENAI, f"search.chunk_size {L['chunk_size']} is not one of the prefill tiers {prefill}", "make chunk_size a prefill tier", "/search/chunk_size")
     too_long = {v: n for v, n in L["max_prompt"].items() if n > prefill[-1]}
     if too_long and not L["chunked"]:
         v, n = sorted(too_long.items())[0]
         yield ctx.finding("rai_config.json", f"max_prompt_length for {v} is {n}, above the largest prefill tier {prefill[-1]}, with chunked prefill off", "turn on hybrid_opt_chunk_context or lower max_prompt_length", f"/max_prompt_length/{v}")
-    declared = ctx.profile.get("buckets") or {}
+    declared = ctx.profile.buckets
     if ml:
         for key, have in (("prefill", prefill), ("token", token)):
-            want = expected_tiers(declared.get(key, []), key, ml)
-            if declared.get(key) and have != want:
-                yield ctx.finding(rel, f"lists {key} tiers {have}; profile {ctx.profile['id']} declares {want} up to max_length {ml}", "rebuild the package with the right profile", f"/tiers/{key}")
+            want = expected_tiers(declared.of(key), key, ml)
+            if declared.of(key) and have != want:
+                yield ctx.finding(rel, f"lists {key} tiers {have}; profile {ctx.profile.id} declares {want} up to max_length {ml}", "rebuild the package with the right profile", f"/tiers/{key}")
 
 
 def _tierless_options(ctx, rel: str, t: dict, L: dict):
     """RP906 for a layout without tiers (hybrid)."""
     if t.get("prefill") or t.get("token"):
-        yield ctx.finding(rel, f"lists tiers, but profile {ctx.profile['id']} has none (its decode runs on the iGPU over one KV buffer)", "rebuild the package with the right profile", "/tiers")
+        yield ctx.finding(rel, f"lists tiers, but profile {ctx.profile.id} has none (its decode runs on the iGPU over one KV buffer)", "rebuild the package with the right profile", "/tiers")
     opts, where = ctx.options
     ml = L["max_length"]
     if ml is None or t.get("max_length") != ml:
         yield ctx.finding(GENAI, f"search.max_length is {ml}, but the header says the package was built for {t.get('max_length')}", "rebuild the package; do not edit max_length by hand", "/search/max_length")
         return
-    want = pow2_floor(min(int((ctx.profile.get("layout") or {}).get("prefill_pass") or ml), ml))
+    want = pow2_floor(min(ctx.profile.layout.prefill_pass or ml, ml))
     if L["npu_seq"] is not None and L["npu_seq"] != want:
-        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile['id']} sets it to the largest power of two within its prefill pass and max_length, {want}",
+        yield ctx.finding(GENAI, f"hybrid_opt_max_seq_length is {L['npu_seq']}, but profile {ctx.profile.id} sets it to the largest power of two within its prefill pass and max_length, {want}",
                           f"set it to {want}", where.get("hybrid_opt_max_seq_length", ""))
     for v, n in sorted(L["max_prompt"].items()):
         if n > want:

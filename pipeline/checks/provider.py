@@ -42,7 +42,7 @@ def power_of_two(ctx):
     """`hybrid_opt_max_seq_length` (and any option the profile marks) is a
     power of two, as the runtime requires."""
     opts, where = ctx.options
-    marked = {k for k, v in ctx.profile["genai"]["options"].items() if v.get("power_of_two")}
+    marked = {k for k, v in ctx.profile.genai.options.items() if v.power_of_two}
     for key in sorted(marked | {"hybrid_opt_max_seq_length"}):
         if key in opts and not is_power_of_two(opts[key]):
             yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; expected a power of two such as \"4096\"", "use the nearest power of two at or below the length the package was built for", where[key])
@@ -79,7 +79,7 @@ def cache_folder(ctx):
     `cache/` or `.cache/` folder next to its graph: the runtime reads the
     per-node meta files from there."""
     opts, _ = ctx.options
-    needs = opts.get("hybrid_opt_token_backend") == "npu" or ctx.profile["metastate"]["required"]
+    needs = opts.get("hybrid_opt_token_backend") == "npu" or ctx.profile.metastate.required
     if needs and not ({"cache", ".cache"} & ctx.pkg.dirs):
         yield ctx.finding("cache", "is missing: an NPU package needs a cache/ or .cache/ folder beside its graph", "copy the package's cache/ folder too")
 
@@ -98,20 +98,20 @@ def profile_options(ctx):
     if not isinstance(genai, dict):
         return
     opts, where = ctx.options
-    if prof["genai"]["form"] == "provider_options" and "RyzenAI" not in provider_names(genai):
-        yield ctx.finding(GENAI, f"has no RyzenAI provider block; profile {prof['id']} expects provider_options: [{{\"RyzenAI\": {{...}}}}]", "add the RyzenAI block with the profile's options", "/model/decoder/session_options/provider_options")
+    if prof.genai.form == "provider_options" and "RyzenAI" not in provider_names(genai):
+        yield ctx.finding(GENAI, f"has no RyzenAI provider block; profile {prof.id} expects provider_options: [{{\"RyzenAI\": {{...}}}}]", "add the RyzenAI block with the profile's options", "/model/decoder/session_options/provider_options")
         return
-    for key, rule in prof["genai"]["options"].items():
+    for key, rule in prof.genai.options.items():
         if key not in opts:
-            if rule.get("required"):
+            if rule.required:
                 why = known()["load_bearing"].get(key)
-                yield ctx.finding(GENAI, f"option {key} is missing; profile {prof['id']} requires it" + (f": {why}" if why else ""), "add it to the RyzenAI options",
+                yield ctx.finding(GENAI, f"option {key} is missing; profile {prof.id} requires it" + (f": {why}" if why else ""), "add it to the RyzenAI options",
                                   "/model/decoder/session_options", None if why else "warning")
             continue
         if key == "hybrid_opt_token_backend" and opts[key] not in known()["token_backends"]:
             continue  # RP403 reports a value the runtime rejects outright
-        if rule.get("allowed") and str(opts[key]) not in rule["allowed"]:
-            yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; profile {prof['id']} expects {' or '.join(map(repr, rule['allowed']))}", "use the value of the release the package targets", where[key], "warning")
+        if rule.allowed and str(opts[key]) not in rule.allowed:
+            yield ctx.finding(GENAI, f"option {key} is {opts[key]!r}; profile {prof.id} expects {' or '.join(map(repr, rule.allowed))}", "use the value of the release the package targets", where[key], "warning")
     names = known()["options"]
     session_keys = set(known()["session_keys"])
     for key, _value, pointer in _ryzen_keys(ctx):
@@ -136,7 +136,7 @@ def linux_deployment(ctx):
         severity, message, hint = stop
         yield ctx.finding(".", message, hint, severity=severity)
         return
-    release = ctx.profile.get("release")
+    release = ctx.profile.release
     for edit in linux.pending(ctx.pkg, release):
         where = " (the value names your install: deployment/ copied into the folder you run from)" if edit.install_path else ""
         yield ctx.finding(edit.file, f"{edit.what}: {edit.why}{where}", "raipack tune --platform linux PACKAGE makes AMD's documented edits", edit.pointer)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from raipack.checks.base import check
 from raipack.npu.quark_config import layer_weight_spec
+from raipack.npu.spec import Quantization
 
 HINT = "re-quantize with Quark: --quant_scheme uint4_wo_128 --quant_algo awq (pack_method reorder, real_quantized export)"
 
 
-def expected_weight_dtype(rules: dict) -> str:
-    return f"{'int' if rules['symmetric'] else 'uint'}{rules['bits']}"
+def expected_weight_dtype(rules: Quantization) -> str:
+    return f"{'int' if rules.symmetric else 'uint'}{rules.bits}"
 
 
 @check("RP301", "quant-scheme")
@@ -25,13 +26,13 @@ def quant_scheme(ctx):
     list keeps lm_head float, and a quantized one is a warning). Both the old (algo_config object) and the new (list) Quark shapes
     are read. A package whose config.json is `{}` is accepted where the profile
     allows it."""
-    rules = ctx.profile["quantization"]
+    rules = ctx.profile.quantization
     cfg, q = ctx.model_config, ctx.quant_config
     if not isinstance(cfg, dict):
         return
     if q is None:
-        if rules["config_json"] == "quark" and rules.get("required", True):
-            yield ctx.finding("config.json", f"has no quantization_config; profile {ctx.profile['id']} expects the Quark one", HINT, "/quantization_config")
+        if rules.config_json == "quark" and rules.required:
+            yield ctx.finding("config.json", f"has no quantization_config; profile {ctx.profile.id} expects the Quark one", HINT, "/quantization_config")
         return
     base = "/quantization_config"
 
@@ -61,13 +62,13 @@ def _weight(ctx, rules, weight, bad):
     if weight.get("qscheme") != "per_group":
         yield bad(f"{wp}/qscheme", f"weight qscheme is {weight.get('qscheme')!r}; expected 'per_group'")
     gs = weight.get("group_size")
-    allowed = rules.get("allowed_group_sizes", [rules["group_size"]])
+    allowed = rules.group_sizes()
     if gs not in allowed:
-        yield bad(f"{wp}/group_size", f"weight group_size is {gs!r}; profile {ctx.profile['id']} expects {rules['group_size']}", "re-quantize with the profile's group size (it must divide every layer's input width)")
-    elif gs != rules["group_size"]:
-        yield bad(f"{wp}/group_size", f"weight group_size is {gs}, not the usual {rules['group_size']} (accepted by profile {ctx.profile['id']})", "expected when the model's widths are not multiples of 128", "warning")
-    if weight.get("symmetric") is not rules["symmetric"]:
-        yield bad(f"{wp}/symmetric", f"weight symmetric is {weight.get('symmetric')!r}; expected {str(rules['symmetric']).lower()} ({'a' if not rules['symmetric'] else ''}symmetric, with zero points)")
+        yield bad(f"{wp}/group_size", f"weight group_size is {gs!r}; profile {ctx.profile.id} expects {rules.group_size}", "re-quantize with the profile's group size (it must divide every layer's input width)")
+    elif gs != rules.group_size:
+        yield bad(f"{wp}/group_size", f"weight group_size is {gs}, not the usual {rules.group_size} (accepted by profile {ctx.profile.id})", "expected when the model's widths are not multiples of 128", "warning")
+    if weight.get("symmetric") is not rules.symmetric:
+        yield bad(f"{wp}/symmetric", f"weight symmetric is {weight.get('symmetric')!r}; expected {str(rules.symmetric).lower()} ({'a' if not rules.symmetric else ''}symmetric, with zero points)")
 
 
 def _activations_and_export(q, bad):
@@ -97,12 +98,12 @@ def _lm_head(ctx, rules, q, bad):
     pointer = f"/layer_quant_config/{own[0]}/weight"
     spec = layer_weight_spec(q, "lm_head")
     want = expected_weight_dtype(rules)
-    if spec is None or spec["dtype"] != want or spec["symmetric"] is not rules["symmetric"]:
+    if spec is None or spec["dtype"] != want or spec["symmetric"] is not rules.symmetric:
         found = "no weight spec" if spec is None else f"{spec['dtype']} {'symmetric' if spec['symmetric'] else 'asymmetric'}"
-        yield bad(pointer, f"lm_head's own layer config is {found}; expected {want} {'symmetric' if rules['symmetric'] else 'asymmetric'} per group", '[quantize] lm_head = 32 (or "exclude") in the raipack recipe')
+        yield bad(pointer, f"lm_head's own layer config is {found}; expected {want} {'symmetric' if rules.symmetric else 'asymmetric'} per group", '[quantize] lm_head = 32 (or "exclude") in the raipack recipe')
         return
-    allowed = rules.get("lm_head_group_sizes") or []
+    allowed = list(rules.lm_head_group_sizes or ())
     if spec["group_size"] not in allowed:
         where = f"allows lm_head group sizes {allowed}" if allowed else "keeps lm_head float"
-        yield bad(f"{pointer}/group_size", f"lm_head is quantized with group_size {spec['group_size']!r}; profile {ctx.profile['id']} {where}",
+        yield bad(f"{pointer}/group_size", f"lm_head is quantized with group_size {spec['group_size']!r}; profile {ctx.profile.id} {where}",
                   '[quantize] lm_head = "exclude" for this release, or a group size it allows', "warning" if not allowed else None)

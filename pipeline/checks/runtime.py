@@ -15,6 +15,7 @@ from raipack.core.package import ReadError
 from raipack.data import load_data
 from raipack.npu import amd_header
 from raipack.npu.layout import PREFIX, is_inside, metastate_sets, weights_sibling
+from raipack.npu.target import Target
 
 COPY = "copy the complete package again (all files of the release)"
 HEADER_MAX_BYTES = 16 * 1024 * 1024  # AMD's prefill.pb.bin for a 1.5B model is 7 129 bytes, model_jit.pb.bin for 135M 6 959
@@ -29,8 +30,8 @@ def _cache_dir(ctx) -> str | None:
 
 
 def _opened(ctx) -> list[str]:
-    spec = ctx.profile["files"]
-    names = [*spec["required"], *spec.get("recommended", []), *(p for g in spec.get("required_one_of", []) for p in g)]
+    spec = ctx.profile.files
+    names = [*spec.required, *spec.recommended, *(p for g in spec.required_one_of for p in g)]
     names += _rules()["opens_as_files"]["patterns"]
     return [n for n in dict.fromkeys(names) if n not in ("cache", ".cache") and not any(c in n for c in "*?[")]
 
@@ -63,10 +64,10 @@ def runtime_files(ctx):
         return  # raipack's own formats name their files themselves (RP901–RP905)
     cache = _cache_dir(ctx) or "cache"
     for extra in _rules()["extra"]:
-        if any(fnmatch.fnmatchcase(ctx.profile["id"], p) for p in extra["profiles"]):
+        if any(fnmatch.fnmatchcase(ctx.profile.id, p) for p in extra["profiles"]):
             rel = extra["file"].format(cache=cache)
             if rel not in ctx.pkg.files:
-                yield ctx.finding(rel, f"is missing: profile {ctx.profile['id']} packages carry it ({extra['why'].split(':')[0]})", COPY)
+                yield ctx.finding(rel, f"is missing: profile {ctx.profile.id} packages carry it ({extra['why'].split(':')[0]})", COPY)
     yield from _node_meta(ctx, cache)
 
 
@@ -74,11 +75,11 @@ def _raipack_layout(ctx) -> bool:
     """A package raipack built (its manifest says so) or checked as a reference profile: not AMD's layout."""
     from raipack.npu.profile import built_by_raipack
 
-    return ctx.profile.get("target") == "reference" or built_by_raipack(ctx.pkg) is not None
+    return ctx.profile.target is Target.REFERENCE or built_by_raipack(ctx.pkg) is not None
 
 
 def _node_meta(ctx, cache: str):
-    if ctx.profile["metastate"].get("tiered") or not ctx.profile["metastate"]["required"]:
+    if ctx.profile.metastate.tiered or not ctx.profile.metastate.required:
         return  # raipack's tiered plans name their cache files themselves (RP904, RP905)
     nodes: dict[str, dict[str, str]] = {}
     for stem in metastate_sets(ctx.pkg):

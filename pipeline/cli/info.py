@@ -52,7 +52,7 @@ def profiles(profile_id):
     from raipack.npu import profile as p
 
     if profile_id:
-        click.echo(json.dumps(p.get(profile_id), indent=2))
+        click.echo(json.dumps(p.get(profile_id).document(), indent=2))
         return
     for prof in p.all_profiles().values():
-        click.echo(f"{prof['id']:16} {prof['title']}")
+        click.echo(f"{prof.id:16} {prof.title}")

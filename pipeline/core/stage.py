@@ -47,9 +47,9 @@ class Stage:
     # allowance rule (pipeline/data/stage_memory.json)
     memory: Callable[[Any, dict | None, dict], MemoryEstimate] | None = None
 
-    def profile_part(self, profile: dict) -> dict:
-        """What of the target profile enters this stage's cache key."""
-        return profile if self.profile_keys is None else {k: profile.get(k) for k in self.profile_keys}
+    def profile_part(self, document: dict) -> dict:
+        """What of the target profile's document (`Profile.document()`) enters this stage's cache key."""
+        return document if self.profile_keys is None else {k: document.get(k) for k in self.profile_keys}
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Job:
     config: Any
     inputs: dict[str, Path]
     workdir: Path
-    profile: dict  # the target package profile
+    profile: Any  # the target package profile (raipack.npu.spec.Profile)
     recipe: Any
     progress: Any
     reports: dict[str, dict] = field(default_factory=dict)  # earlier stages' reports

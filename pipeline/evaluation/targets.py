@@ -8,7 +8,6 @@ from pathlib import Path
 
 from raipack.core.errors import UsageError
 from raipack.npu.target import Target as ProfileTarget
-from raipack.npu.target import target_of
 
 KINDS = ("source", "quark", "export", "package")
 
@@ -33,7 +32,7 @@ def _is_package(folder: Path) -> bool:
     from raipack.npu.profile import detect
 
     found = detect(Package.scan(folder))
-    return found is not None and target_of(found.profile) is not ProfileTarget.INTERMEDIATE
+    return found is not None and found.profile.target is not ProfileTarget.INTERMEDIATE
 
 
 def detect_target(path: Path) -> Target:

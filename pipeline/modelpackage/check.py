@@ -27,7 +27,7 @@ def is_model_package(path: Path) -> bool:
     if not path.is_dir() or not layout.looks_like_package(path):
         return False
     pkg = Package.scan(path)
-    return all(profiles.condition_holds(pkg, c) for c in profiles.get(PROFILE)["detect"]["content"])
+    return all(profiles.condition_holds(pkg, c) for c in profiles.get(PROFILE).detect.content)
 
 
 class _Findings:

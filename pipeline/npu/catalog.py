@@ -48,6 +48,11 @@ def load() -> dict:
     return json.loads(resources.files("raipack.data").joinpath("ryzenai_releases.json").read_text("utf-8"))
 
 
+def source() -> str:
+    """Where the catalog was read from, for error sentences."""
+    return os.environ.get(CATALOG_ENV) or "raipack/data/ryzenai_releases.json"
+
+
 def reload() -> None:
     """Forget the loaded catalog and everything built from it (after `RAIPACK_RELEASES` changed)."""
     load.cache_clear()
@@ -180,10 +185,10 @@ def release_series_in_name(name: str) -> tuple[str, str | None] | None:
     return match["release"], rule["variants"].get(match["kind"])
 
 
-def variant_of(prof: dict) -> str | None:
+def variant_of(prof) -> str | None:
     """The catalog variant a release profile was built from (its id after the release prefix)."""
     for rel in releases():
         for variant in rel.get("variants") or {}:
-            if profile_id(rel, variant) == prof.get("id"):
+            if profile_id(rel, variant) == prof.id:
                 return variant
     return None

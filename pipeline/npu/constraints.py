@@ -4,6 +4,10 @@ the MatMulNBits kernels' limits, and a graph's initializers lying where model.pb
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raipack.npu.spec import Profile
 
 
 @dataclass
@@ -16,11 +20,9 @@ class NpuConstraints:
     n_multiple: int = 1
 
     @classmethod
-    def from_profile(cls, profile: dict) -> NpuConstraints:
-        q = profile.get("quantization") or {}
-        groups = q.get("allowed_group_sizes") or [q.get("group_size", 128)]
-        return cls(bits=int(q.get("bits", 4)), group_sizes=tuple(int(g) for g in groups),
-                   k_multiple=int(q.get("npu_k_multiple", 1)), n_multiple=int(q.get("npu_n_multiple", 1)))
+    def from_profile(cls, profile: Profile) -> NpuConstraints:
+        q = profile.quantization
+        return cls(bits=q.bits, group_sizes=q.group_sizes(), k_multiple=q.npu_k_multiple, n_multiple=q.npu_n_multiple)
 
     def matmul_problems(self, bits, block, K, N, extra_inputs: bool = False) -> list[str]:
         """Why a MatMulNBits node of these attributes cannot run on the NPU (empty: it can).

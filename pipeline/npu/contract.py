@@ -25,6 +25,7 @@ from raipack.core.findings import Finding
 from raipack.core.members import grouped
 from raipack.core.onnxproto import ModelProto, TensorProto, get_attribute_value, tensor_nbytes
 from raipack.npu.quark_config import is_excluded, layer_weight_spec, node_to_hf
+from raipack.npu.spec import Quantization
 
 GRAPH = "model.onnx"  # the path of a contract finding; checks place it in their package
 
@@ -276,13 +277,13 @@ def _attention_heads(model, kv_heads: int, q_heads: int | None, head_size: int) 
 # --- MatMulNBits against Quark -------------------------------------------------------------------
 
 
-def matmulnbits_agreement(model: ModelProto, quant_config: dict | None, rules: dict | None = None) -> list[Finding]:
+def matmulnbits_agreement(model: ModelProto, quant_config: dict | None, rules: Quantization | None = None) -> list[Finding]:
     """Each MatMulNBits must carry Quark's bits, group size and zero points; no layer Quark excluded
     (and no embedding, which Quark never quantizes) may be quantized; no layer Quark quantized may
     have become a float MatMul. Without a Quark config (AMD packages ship config.json = {}), only
     bits and block size are checked against the profile's `rules`."""
     if not quant_config:
-        return _against_profile(model, rules or {})
+        return _against_profile(model, rules) if rules is not None else []
     out: list[Finding] = []
     inits = {t.name for t in model.graph.initializer}
     for node in model.graph.node:
@@ -427,15 +428,15 @@ def _data_file_size(path: Path) -> int | str:
     return st.st_size if stat.S_ISREG(st.st_mode) else "is not a regular file (device, socket or pipe)"
 
 
-def _against_profile(model: ModelProto, rules: dict) -> list[Finding]:
+def _against_profile(model: ModelProto, rules: Quantization) -> list[Finding]:
     out: list[Finding] = []
-    allowed = rules.get("allowed_group_sizes") or ([rules["group_size"]] if rules.get("group_size") else [])
+    allowed = rules.group_sizes()
     for node in model.graph.node:
         if node.op_type != "MatMulNBits" or node.name.startswith("/lm_head/"):
             continue
         attrs = {a.name: get_attribute_value(a) for a in node.attribute}
-        if rules.get("bits") and attrs.get("bits") != rules["bits"]:
-            out.append(_f("graph.quant", node.name, f"'{node.name}' has bits={attrs.get('bits')}; the profile expects {rules['bits']}", "use a package built for this release"))
+        if attrs.get("bits") != rules.bits:
+            out.append(_f("graph.quant", node.name, f"'{node.name}' has bits={attrs.get('bits')}; the profile expects {rules.bits}", "use a package built for this release"))
         if allowed and attrs.get("block_size") not in allowed:
             out.append(_f("graph.quant", node.name, f"'{node.name}' has block_size={attrs.get('block_size')}; the profile expects {' or '.join(map(str, allowed))}", "use a package built for this release"))
     return out

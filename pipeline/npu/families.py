@@ -20,6 +20,11 @@ def linears_of(model_type: str | None) -> str | None:
     return (families().get(model_type or "") or {}).get("linears")
 
 
+def qkv_bias(model_type: str | None) -> bool:
+    """The family's q/k/v projections carry biases whatever config.json says (Qwen2: no attention_bias key)."""
+    return bool((families().get(model_type or "") or {}).get("qkv_bias"))
+
+
 def export_options(model_type: str | None) -> dict[str, str]:
     """The OGA builder's extra options the family needs (the caller's own win)."""
     return dict((families().get(model_type or "") or {}).get("export_options") or {})

@@ -13,10 +13,10 @@ TIERED = re.compile(r"^dd_metastate_Llm_(?P<phase>Prefill|Token)_(?P<node>.+)_(?
 NPU_FILES = {"graph": "model.onnx", "data": "model.onnx.data", "header": "model.pb.bin"}  # a profile without `layout`
 
 
-def package_files(profile: dict) -> dict[str, str]:
+def package_files(profile) -> dict[str, str]:
     """The decoder graph, its CPU-side data, the NPU weights header and its weights file a profile's
     layout names (its `layout`; the NPU packages' model.* where it has none)."""
-    names = {**NPU_FILES, **{k: v for k, v in (profile.get("layout") or {}).items() if k in NPU_FILES}}
+    names = {k: getattr(profile.layout, k) or v for k, v in NPU_FILES.items()}
     names["weights"] = weights_sibling(names["header"])
     return names
 

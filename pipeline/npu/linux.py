@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from raipack.core.package import JSON_MAX_BYTES, Package, ReadError
 from raipack.npu import catalog
-from raipack.npu.target import Target, target_of
+from raipack.npu.spec import Profile
+from raipack.npu.target import Target
 
 _MISSING = object()
 
@@ -83,17 +84,17 @@ def edited_text(pkg: Package, release: str | None, rel: str, text: str) -> str:
     return text
 
 
-def refusal(profile: dict) -> tuple[str, str, str] | None:
+def refusal(profile: Profile) -> tuple[str, str, str] | None:
     """(severity, sentence, hint) when AMD's docs say the package does not run on Linux (error), or
     say nothing about packages of its kind (warning); None when its Linux steps are documented."""
-    release = profile.get("release")
+    release = profile.release
     if not release or release == "n/a":
         return None
     plan = deployment(release)
     if plan is None:
         return ("warning", f"AMD documents no Linux deployment for Ryzen AI {release} packages; whether this one runs on Linux is unknown",
                 "run it on Windows, or see AMD's docs/llm_linux.rst of its release")
-    if target_of(profile) is not Target.HYBRID or plan.get("hybrid") is True:
+    if profile.target is not Target.HYBRID or plan.get("hybrid") is True:
         return None
     if plan.get("hybrid") is False:
         return ("error", f"is a hybrid package, and Ryzen AI {release} runs no hybrid package on Linux ({plan['source']})",

@@ -12,7 +12,8 @@ from raipack.core.errors import UsageError
 from raipack.core.package import Package
 from raipack.npu import catalog
 from raipack.npu.genai import ryzenai_options
-from raipack.npu.target import Target, target_of
+from raipack.npu.spec import MISSING, Condition, Profile, build
+from raipack.npu.target import Target
 
 PROFILE_PACKAGE = "raipack.profiles"
 
@@ -27,12 +28,22 @@ def merge(base: dict, over: dict) -> dict:
 
 def file_profiles() -> dict[str, dict]:
     """The profile files as written: raipack's intermediate and package-kind profiles."""
+    return {pid: doc for pid, (doc, _) in _files().items()}
+
+
+def _files() -> dict[str, tuple[dict, str]]:
     out = {}
     for entry in sorted(resources.files(PROFILE_PACKAGE).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             data = json.loads(entry.read_text("utf-8"))
-            out[data["id"]] = data
+            out[data["id"]] = (data, f"raipack/profiles/{entry.name}")
     return out
+
+
+def _source(pid: str, files: dict) -> str:
+    if pid in files:
+        return files[pid][1]
+    return f"built by the release catalog {catalog.source()} from a template of raipack/profiles/variants/"
 
 
 def raw_profiles() -> dict[str, dict]:
@@ -47,9 +58,9 @@ def raw_profiles() -> dict[str, dict]:
 
 
 @lru_cache(maxsize=None)
-def all_profiles() -> dict[str, dict]:
-    """Every profile with `extends` resolved."""
-    raw = raw_profiles()
+def all_profiles() -> dict[str, Profile]:
+    """Every profile with `extends` resolved, as its typed view (checked against the profile schema)."""
+    raw, files = raw_profiles(), _files()
 
     def resolve(pid: str, seen: tuple = ()) -> dict:
         if pid in seen:
@@ -59,27 +70,35 @@ def all_profiles() -> dict[str, dict]:
             return doc
         return merge(resolve(doc["extends"], seen + (pid,)), doc)
 
-    return {pid: resolve(pid) for pid in raw}
+    return {pid: build(resolve(pid), _source(pid, files)) for pid in raw}
 
 
-def for_model(profile: dict, model_type: str | None) -> dict:
+@lru_cache(maxsize=64)
+def for_model(profile: Profile, model_type: str | None) -> Profile:
     """The profile as it applies to one model family (its `model_overrides` entry merged in)."""
-    over = (profile.get("model_overrides") or {}).get(model_type or "")
-    return merge(profile, over) if over else profile
+    if not model_type or model_type not in profile.model_overrides:
+        return profile
+    doc = profile.document()
+    return build(merge(doc, doc["model_overrides"][model_type]), f"{profile.source}, model_overrides {model_type}")
 
 
-def reference_for(target: dict) -> dict:
+def changed(profile: Profile, over: dict) -> Profile:
+    """A copy of `profile` with `over` merged into its document (a test's or a user's variation), checked again."""
+    return build(merge(profile.document(), over), f"{profile.source}, changed")
+
+
+def reference_for(target: Profile) -> Profile:
     """raipack's reference profile for an AMD release profile (the one that extends it)."""
-    if target_of(target) is Target.REFERENCE:
+    if target.target is Target.REFERENCE:
         return target
     for prof in all_profiles().values():
-        if target_of(prof) is Target.REFERENCE and prof.get("extends") == target["id"]:
+        if prof.target is Target.REFERENCE and prof.extends == target.id:
             return prof
-    raise UsageError(f"profile {target['id']} has no reference profile, so raipack cannot build it",
-                     "build one of: " + ", ".join(p["extends"] for p in all_profiles().values() if target_of(p) is Target.REFERENCE and p.get("extends")))
+    raise UsageError(f"profile {target.id} has no reference profile, so raipack cannot build it",
+                     "build one of: " + ", ".join(p.extends for p in all_profiles().values() if p.target is Target.REFERENCE and p.extends))
 
 
-def get(profile_id: str) -> dict:
+def get(profile_id: str) -> Profile:
     profiles = all_profiles()
     if profile_id not in profiles:
         raise UsageError(
@@ -91,13 +110,10 @@ def get(profile_id: str) -> dict:
 
 @dataclass
 class Detection:
-    profile: dict
+    profile: Profile
     reason: str
     candidates: tuple[str, ...] = ()  # every profile the content fits, where it fits several
     unknown_release: str | None = None  # a release the folder names that the catalog does not hold
-
-
-_MISSING = object()
 
 
 def _pointer_get(doc, pointer: str):
@@ -109,44 +125,44 @@ def _pointer_get(doc, pointer: str):
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return _MISSING
+            return MISSING
     return node
 
 
-def condition_holds(pkg: Package, cond: dict) -> bool:
+def condition_holds(pkg: Package, cond: Condition) -> bool:
     """Evaluate one detection condition (shape in schemas/profile.schema.json)."""
-    if "exists" in cond and "file" not in cond:
-        return any(fnmatch.fnmatchcase(rel, cond["exists"]) for rel in pkg.files) or cond["exists"] in pkg.dirs
-    if "absent" in cond:
-        return not any(fnmatch.fnmatchcase(rel, cond["absent"]) for rel in pkg.files)
-    if "ryzenai" in cond:
+    if cond.file is None and isinstance(cond.exists, str):
+        return any(fnmatch.fnmatchcase(rel, cond.exists) for rel in pkg.files) or cond.exists in pkg.dirs
+    if cond.absent is not None:
+        return not any(fnmatch.fnmatchcase(rel, cond.absent) for rel in pkg.files)
+    if cond.ryzenai is not None:
         opts, _ = ryzenai_options(pkg.try_json("genai_config.json"))
-        return opts.get(cond["ryzenai"], _MISSING) == cond["equals"]
-    value = _pointer_get(pkg.try_json(cond["file"]), cond["pointer"])
-    if "exists" in cond:
-        return (value is not _MISSING) == cond["exists"]
-    if value is _MISSING:
+        return opts.get(cond.ryzenai, MISSING) == cond.equals
+    value = _pointer_get(pkg.try_json(cond.file or ""), cond.pointer or "")
+    if isinstance(cond.exists, bool):
+        return (value is not MISSING) == cond.exists
+    if value is MISSING:
         return False
-    if "equals" in cond:
-        return value == cond["equals"]
+    if cond.equals is not MISSING:
+        return value == cond.equals
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
-    if "gt" in cond:
-        return value > cond["gt"]
-    return value <= cond["le"]
+    if cond.gt is not None:
+        return value > cond.gt
+    return cond.le is not None and value <= cond.le
 
 
 def built_by_raipack(pkg: Package) -> Detection | None:
     """The reference profile whose markers hold: manifest.json says raipack built this package, and
     for which target. Such a package must carry raipack's own NPU formats (RP901 holds it to that)."""
-    best: dict | None = None
-    best_conds: list[dict] = []
+    best: Profile | None = None
+    best_conds: tuple[Condition, ...] = ()
     for prof in all_profiles().values():
-        conds = prof["detect"]["content"]
-        if target_of(prof) is Target.REFERENCE and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
+        conds = prof.detect.content
+        if prof.target is Target.REFERENCE and len(conds) > len(best_conds) and all(condition_holds(pkg, c) for c in conds):
             best, best_conds = prof, conds
     if best:
-        return Detection(best, "; ".join(c.get("why", "marker holds") for c in best_conds))
+        return Detection(best, "; ".join(c.why for c in best_conds))
     return _by_reference_header(pkg)
 
 
@@ -156,7 +172,7 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     from raipack.npu import formats
     from raipack.npu.layout import package_files
 
-    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if target_of(p) is Target.REFERENCE})
+    headers = sorted({package_files(p)["header"] for p in all_profiles().values() if p.target is Target.REFERENCE})
     name = next((h for h in headers if h in pkg.files and formats.is_reference_header(pkg.root / h)), None)
     if name is None:
         return None
@@ -165,7 +181,7 @@ def _by_reference_header(pkg: Package) -> Detection | None:
     except (formats.FormatError, OSError):
         return None
     prof = all_profiles().get(profile_id) if isinstance(profile_id, str) else None
-    if prof is None or target_of(prof) is not Target.REFERENCE:
+    if prof is None or prof.target is not Target.REFERENCE:
         return None
     return Detection(prof, f"{name} is raipack's reference header, fused for profile {profile_id} (there is no raipack manifest)")
 
@@ -194,7 +210,7 @@ def detect(pkg: Package) -> Detection | None:
         found = _by_series(pkg.name, series, fits)
         if found is not None:
             return found
-    by_pattern = next(((prof, pattern) for prof in all_profiles().values() for pattern in prof["detect"]["name_patterns"]
+    by_pattern = next(((prof, pattern) for prof in all_profiles().values() for pattern in prof.detect.name_patterns
                        if fnmatch.fnmatchcase(pkg.name, pattern)), None)
     if by_pattern is not None and (not fits or by_pattern[0] in fits):
         prof, pattern = by_pattern
@@ -202,45 +218,45 @@ def detect(pkg: Package) -> Detection | None:
     if not fits:
         return None
     found = _newest_of(fits)
-    if named is not None and found.profile.get("release") != named[0]:
+    if named is not None and found.profile.release != named[0]:
         found.reason = f"the folder name {pkg.name!r} names Ryzen AI {named[0]}, but the content fits none of its profiles: {found.reason}"
     if by_pattern is not None:
-        found.reason = (f"the folder name {pkg.name!r} fits {by_pattern[0]['id']} ({by_pattern[1]!r}), a name AMD keeps across "
+        found.reason = (f"the folder name {pkg.name!r} fits {by_pattern[0].id} ({by_pattern[1]!r}), a name AMD keeps across "
                         f"releases, but the content does not: {found.reason}")
     return found
 
 
-def content_fits(pkg: Package) -> list[dict]:
+def content_fits(pkg: Package) -> list[Profile]:
     """The AMD release profiles whose content markers all hold, with the most markers."""
-    fits: list[dict] = []
+    fits: list[Profile] = []
     best = 0
     for prof in all_profiles().values():
-        conds = prof["detect"]["content"]
-        if target_of(prof) is Target.REFERENCE or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):
+        conds = prof.detect.content
+        if prof.target is Target.REFERENCE or not conds or len(conds) < best or not all(condition_holds(pkg, c) for c in conds):
             continue
         fits, best = (fits if len(conds) == best else []) + [prof], len(conds)
     return fits
 
 
-def _why(prof: dict) -> str:
-    return "; ".join(c.get("why", "marker holds") for c in prof["detect"]["content"])
+def _why(prof: Profile) -> str:
+    return prof.detect.why()
 
 
-def _newest_of(fits: list[dict], said: str = "") -> Detection:
-    fits = sorted(fits, key=lambda p: catalog.version_key(p["release"]))
+def _newest_of(fits: list[Profile], said: str = "") -> Detection:
+    fits = sorted(fits, key=lambda p: catalog.version_key(p.release))
     best = fits[-1]
     if len(fits) == 1:
-        return Detection(best, said + _why(best), (best["id"],))
-    ids = ", ".join(p["id"] for p in fits)
-    return Detection(best, f"{said}{_why(best)}: the content fits {ids}; checked against the newest, {best['id']} "
-                           f"(--profile chooses another)", tuple(p["id"] for p in fits))
+        return Detection(best, said + _why(best), (best.id,))
+    ids = ", ".join(p.id for p in fits)
+    return Detection(best, f"{said}{_why(best)}: the content fits {ids}; checked against the newest, {best.id} "
+                           f"(--profile chooses another)", tuple(p.id for p in fits))
 
 
-def _by_series(name: str, series: tuple[str, str | None], fits: list[dict]) -> Detection | None:
+def _by_series(name: str, series: tuple[str, str | None], fits: list[Profile]) -> Detection | None:
     """A name that states a release series (`-onnx-ryzenai-1.7-hybrid`): that series' profiles of the
     variant, the ones the content fits first; None where the content fits profiles of none of them."""
     release, variant = series
-    mine = [p for p in all_profiles().values() if target_of(p).is_amd and str(p.get("release", "")).startswith(release + ".")
+    mine = [p for p in all_profiles().values() if p.target.is_amd and p.release.startswith(release + ".")
             and (variant is None or catalog.variant_of(p) == variant)]
     said = f"the folder name {name!r} names Ryzen AI {release}" + (f", variant {variant}" if variant else "") + ": "
     if fits:
@@ -248,7 +264,7 @@ def _by_series(name: str, series: tuple[str, str | None], fits: list[dict]) -> D
     return _newest_of(mine, said) if mine else None
 
 
-def _by_named_release(name: str, named: tuple[str, str | None], fits: list[dict]) -> Detection | None:
+def _by_named_release(name: str, named: tuple[str, str | None], fits: list[Profile]) -> Detection | None:
     release, variant = named
     entry = catalog.entry(release)
     profiles = all_profiles()
@@ -256,21 +272,21 @@ def _by_named_release(name: str, named: tuple[str, str | None], fits: list[dict]
         ids = [catalog.profile_id(entry, v) for v in (entry.get("variants") or {})]
         if variant is not None and catalog.profile_id(entry, variant) in profiles:
             return Detection(profiles[catalog.profile_id(entry, variant)], f"the folder name {name!r} names Ryzen AI {release}, variant {variant}")
-        mine = [p for p in fits if p["id"] in ids]
+        mine = [p for p in fits if p.id in ids]
         if mine:
             return _newest_of(mine, f"the folder name {name!r} names Ryzen AI {release} and the content decides the variant: ")
         return None
     newest = catalog.newest()
     if catalog.version_key(release) <= catalog.version_key(newest):
         return None  # an older release raipack has no entry for: the content decides, RP109 names the release
-    same = [p for p in profiles.values() if target_of(p).is_amd and catalog.variant_of(p) == variant] if variant else fits
+    same = [p for p in profiles.values() if p.target.is_amd and catalog.variant_of(p) == variant] if variant else fits
     if not same:
         return None
-    newest_same = max(catalog.version_key(p["release"]) for p in same)
-    same = [p for p in same if catalog.version_key(p["release"]) == newest_same]
+    newest_same = max(catalog.version_key(p.release) for p in same)
+    same = [p for p in same if catalog.version_key(p.release) == newest_same]
     known = f"the folder name {name!r} names Ryzen AI {release}, newer than raipack's release catalog (newest {newest}): checked against "
     if len(same) == 1:
-        return Detection(same[0], f"{known}{same[0]['id']}, the newest known release of variant {catalog.variant_of(same[0])}", (same[0]["id"],), release)
+        return Detection(same[0], f"{known}{same[0].id}, the newest known release of variant {catalog.variant_of(same[0])}", (same[0].id,), release)
     found = _newest_of([p for p in same if p in fits] or same, known)
     found.unknown_release = release
     return found

@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from raipack.core.errors import RaipackError
 from raipack.npu.genai import ryzenai_options, table
+from raipack.npu.spec import OptionRule, Profile
 
 SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on
 INSTALL_ENV = "RYZEN_AI_INSTALLATION_PATH"  # set by AMD's installer, ends in the version
@@ -102,24 +104,24 @@ def expected_tiers(tiers, phase: str, max_length: int | None) -> list[int]:
     return sorted(t for t in tiers if t <= max_length)
 
 
-def max_length_for(profile: dict, context_length: int | None) -> int:
+def max_length_for(profile: Profile, context_length: int | None) -> int:
     """search.max_length of a package built for `profile` from a model of `context_length` positions:
     within the profile's max_length and the model's context; a multiple of search.chunk_size where
     the profile's advice asks for one (RP005), else its largest token tier."""
-    search = profile["genai"]["search"]
-    token = sorted(profile["buckets"]["token"])
+    search = profile.genai.search
+    token = sorted(profile.buckets.token)
     prof_max = int(search.get("max_length") or token[-1])
     limit = min(prof_max, context_length) if context_length else prof_max
     if not token:  # a tierless layout (hybrid: decode on the iGPU): the KV buffer takes the whole length
         return limit
     chunk = as_count(search.get("chunk_size"))
-    rule = (profile.get("advice") or {}).get("max_length") or {}
+    rule = profile.advice.max_length or {}
     if chunk and rule.get("multiple_of_chunk") and limit >= chunk and limit >= token[0]:
         return fit_to_chunk(limit, chunk)
     fits = [t for t in token if t <= limit]
     if not fits:
         raise SettingsError(
-            f"the model's context of {context_length} positions is below every token tier of profile {profile['id']} ({token})",
+            f"the model's context of {context_length} positions is below every token tier of profile {profile.id} ({token})",
             "choose a profile whose token tiers fit the model's context length")
     return fits[-1]
 
@@ -141,33 +143,36 @@ class NpuSettings:
     # ---- built from a profile: what the fuse stage writes
 
     @classmethod
-    def from_profile(cls, profile: dict, context_length: int | None) -> "NpuSettings":
-        search = profile["genai"]["search"]
+    def from_profile(cls, profile: Profile, context_length: int | None) -> "NpuSettings":
+        search = profile.genai.search
         max_length = max_length_for(profile, context_length)
-        if tierless(profile):
+        if profile.tierless:
             return cls._tierless(profile, max_length, context_length)
-        token = expected_tiers(profile["buckets"]["token"], "token", max_length)
-        prefill = expected_tiers(profile["buckets"]["prefill"], "prefill", max_length)
+        token = expected_tiers(profile.buckets.token, "token", max_length)
+        prefill = expected_tiers(profile.buckets.prefill, "prefill", max_length)
         if not prefill:
-            raise SettingsError(f"profile {profile['id']} has no prefill tier at or below max_length {max_length}", "fix the profile's prefill tiers")
+            raise SettingsError(f"profile {profile.id} has no prefill tier at or below max_length {max_length}", "fix the profile's prefill tiers")
         chunk = search.get("chunk_size")
         if chunk is not None and int(chunk) not in prefill:
-            raise SettingsError(f"profile {profile['id']} sets chunk_size {chunk}, which is not one of its prefill tiers {prefill}",
+            raise SettingsError(f"profile {profile.id} sets chunk_size {chunk}, which is not one of its prefill tiers {prefill}",
                                 "make chunk_size one of the prefill tiers: every prefill chunk runs a tier's plan")
-        table = {v: int(n) for v, n in profile.get("max_prompt_length", {}).items()}
-        chunked = _chunked(profile["genai"]["options"], any(min(n, max_length) > prefill[-1] for n in table.values()))
+        table = {v: int(n) for v, n in profile.max_prompt_length.items()}
+        chunked = _chunked(profile.genai.options, any(min(n, max_length) > prefill[-1] for n in table.values()))
         out = cls(max_length=max_length, chunk_size=int(chunk) if chunk is not None else None, context_length=context_length,
                   npu_seq=prefill[-1], chunked=chunked, prefill=prefill, token=token)
         out.max_prompt = {v: out.prompt_cap(n) for v, n in table.items()}
         return out
 
     @classmethod
-    def _tierless(cls, profile: dict, max_length: int, context_length: int | None) -> "NpuSettings":
+    def _tierless(cls, profile: Profile, max_length: int, context_length: int | None) -> "NpuSettings":
         """A layout without compiled tiers (hybrid: NPU prefill, iGPU decode): one NPU pass is the
         largest power of two within the layout's `prefill_pass` and max_length; no chunking."""
-        npu_seq = pow2_floor(min(int(profile["layout"]["prefill_pass"]), max_length))
+        if profile.layout.prefill_pass is None:
+            raise SettingsError(f"profile {profile.id} ({profile.source}) has no tiers and no layout.prefill_pass, so one NPU pass has no length",
+                                "give the profile layout.prefill_pass (the longest NPU prefill pass), or its buckets")
+        npu_seq = pow2_floor(min(profile.layout.prefill_pass, max_length))
         out = cls(max_length=max_length, context_length=context_length, npu_seq=npu_seq)
-        out.max_prompt = {v: out.prompt_cap(int(n)) for v, n in profile.get("max_prompt_length", {}).items()}
+        out.max_prompt = {v: out.prompt_cap(int(n)) for v, n in profile.max_prompt_length.items()}
         return out
 
     def largest_pass(self) -> int | None:
@@ -196,10 +201,10 @@ class NpuSettings:
         return {"max_length": max_length, "max_length_pow2": pow2_floor(max_length), "npu_seq": self.npu_seq,
                 "chunked": "1" if self.chunked else "0"}
 
-    def provider_options(self, profile: dict) -> dict:
+    def provider_options(self, profile: Profile) -> dict:
         """The RyzenAI options the fuse stage writes: the profile's `build` templates filled in."""
         values = self.build_values()
-        return {name: rule["build"].format(**values) for name, rule in profile["genai"]["options"].items() if "build" in rule}
+        return {name: rule.build.format(**values) for name, rule in profile.genai.options.items() if rule.build is not None}
 
     def report(self) -> dict:
         """The fuse report's `lengths`."""
@@ -223,7 +228,7 @@ class NpuSettings:
                    prefill=sorted(prefill), token=sorted(token))
 
     @classmethod
-    def from_package(cls, pkg, profile: dict, *, genai=None, rai_config=None) -> "NpuSettings":
+    def from_package(cls, pkg, profile: Profile, *, genai=None, rai_config=None) -> "NpuSettings":
         genai = pkg.try_json("genai_config.json") if genai is None else genai
         rai_config = pkg.try_json("rai_config.json") if rai_config is None else rai_config
         return cls.from_configs(genai, rai_config, compiled_tiers(pkg, profile, "prefill"), compiled_tiers(pkg, profile, "token"))
@@ -250,14 +255,14 @@ class NpuSettings:
             return self.chunk_size
         return min((n for n in (self.max_length, self.npu_seq) if n), default=None)
 
-    def prompt_limit(self, profile: dict, version: str) -> tuple[int, str] | None:
+    def prompt_limit(self, profile: Profile, version: str) -> tuple[int, str] | None:
         """(max prompt tokens for `version`, source): rai_config.json, else the profile."""
         key = version_key(self.max_prompt, version)
         if key:
             return self.max_prompt[key], f"rai_config.json max_prompt_length[{key}]"
-        table = profile.get("max_prompt_length") or {}
+        table = profile.max_prompt_length
         key = version_key(table, version)
-        return (table[key], f"the Ryzen AI {key} limit in profile {profile['id']}") if key else None
+        return (table[key], f"the Ryzen AI {key} limit in profile {profile.id}") if key else None
 
     def tier_rows(self) -> list[dict]:
         """One row per length setting: which compiled tier serves it and the padding.
@@ -282,35 +287,34 @@ class NpuSettings:
         return rows
 
 
-def _chunked(opts: dict, need_chunks: bool) -> bool:
+def _chunked(opts: Mapping[str, OptionRule], need_chunks: bool) -> bool:
     """Whether a package built under the profile's options runs prompts in chunks."""
-    cc = opts.get("hybrid_opt_chunk_context", {})
-    allowed = cc.get("allowed") or ["0", "1"]
-    if cc.get("required") and allowed == ["1"]:
+    cc = opts.get("hybrid_opt_chunk_context", OptionRule())
+    allowed = cc.allowed or ("0", "1")
+    if cc.required and allowed == ("1",):
         return True
     return need_chunks and "1" in allowed and "hybrid_opt_chunk_context" in opts
 
 
-def tierless(profile: dict) -> bool:
+def tierless(profile: Profile) -> bool:
     """A layout compiled for no sequence-length tiers (the hybrid packages: decode runs on the iGPU)."""
-    buckets = profile.get("buckets") or {}
-    return not buckets.get("prefill") and not buckets.get("token")
+    return profile.tierless
 
 
-def compiled_tiers(pkg, profile: dict, phase: str) -> list[int]:
+def compiled_tiers(pkg, profile: Profile, phase: str) -> list[int]:
     """Tiers the package is compiled for: its tier files (tiered layouts), else the profile's list."""
     from raipack.npu.layout import tiers_present
 
-    if profile["metastate"].get("tiered"):
+    if profile.metastate.tiered:
         found = tiers_present(pkg)["Prefill" if phase == "prefill" else "Token"]
         if found:
             return sorted(set.intersection(*found.values()))
-    return list(profile.get("buckets", {}).get(phase) or [])
+    return list(profile.buckets.of(phase))
 
 
 # -- Ryzen AI versions ---------------------------------------------------------
 
-def sdk_version(profile: dict, stated: str | None = None) -> tuple[str, str]:
+def sdk_version(profile: Profile, stated: str | None = None) -> tuple[str, str]:
     """(version, where it came from): stated, else $RAIPACK_SDK_VERSION, else the installed one
     ($RYZEN_AI_INSTALLATION_PATH), else the release of `profile`."""
     if stated:
@@ -320,10 +324,10 @@ def sdk_version(profile: dict, stated: str | None = None) -> tuple[str, str]:
     installed = installed_sdk_version()
     if installed:
         return installed, f"installed (${INSTALL_ENV})"
-    return profile["release"], f"the release of profile {profile['id']}"
+    return profile.release, f"the release of profile {profile.id}"
 
 
-def version_key(table: dict, version: str) -> str | None:
+def version_key(table: Mapping, version: str) -> str | None:
     """The key of `table` for `version`: exact, else the newest x.y.z of an x.y."""
     if version in table:
         return version

@@ -21,5 +21,6 @@ class Target(str, Enum):
         return self in (Target.NPU, Target.HYBRID)
 
 
-def target_of(profile: dict) -> Target:
-    return Target(profile["target"])
+def target_of(document: dict) -> Target:
+    """The target of a profile document as written (code holding a loaded profile reads `profile.target`)."""
+    return Target(document["target"])

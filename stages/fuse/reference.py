@@ -41,6 +41,7 @@ from raipack.npu import profile as profiles
 from raipack.npu.formats import ALIGNMENT
 from raipack.npu.layout import package_files
 from raipack.npu.settings import NpuSettings, is_power_of_two
+from raipack.npu.spec import Profile
 from raipack.runtime.prompts import defaults, write_prompts_file
 
 NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers the whole decoder
@@ -50,7 +51,7 @@ CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
 SAMPLING_KEYS = ("do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
 
 
-def lengths_for(profile: dict, context_length: int | None) -> NpuSettings:
+def lengths_for(profile: Profile, context_length: int | None) -> NpuSettings:
     """The NPU settings of a package built for `profile` from a model of `context_length` positions
     (pipeline/npu/settings.py: the same model the checks and the runtime read)."""
     return NpuSettings.from_profile(profile, context_length)  # SettingsError (a RaipackError) names the profile and the tier
@@ -139,7 +140,7 @@ class _Run:
 
     export_dir: Path
     quark_dir: Path | None
-    profile: dict
+    profile: Profile
     genai: dict
     model: object  # the export's ModelProto, without its weights
     settings: NpuSettings
@@ -158,7 +159,7 @@ class _Run:
         return self.settings.report()
 
 
-def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | None = None, progress=None) -> dict:
+def fuse(export_dir: Path, out_dir: Path, profile: Profile, *, quark_dir: Path | None = None, progress=None) -> dict:
     """Fuse an OGA int4 export into a reference package in `out_dir` (new or empty). Returns the
     report: fused nodes, bytes written, constraint findings (dicts like validator findings), seconds."""
     t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def fuse(export_dir: Path, out_dir: Path, profile: dict, *, quark_dir: Path | No
     return _fuse_report(run, t0)
 
 
-def _prepare(export_dir: Path, quark_dir: Path | None, profile: dict, progress) -> _Run:
+def _prepare(export_dir: Path, quark_dir: Path | None, profile: Profile, progress) -> _Run:
     """Read the export, settle the NPU settings, fuse the graph and find the Quark config.json:
     everything that can refuse, before anything is written."""
     import onnx
@@ -218,8 +219,8 @@ def _read_model_config(run: _Run) -> None:
         raise RaipackError(f"no config.json in {run.quark_dir or run.export_dir}: the package keeps the Quark config.json with its quantization_config",
                         "pass quark_dir (the quantize stage's output folder)")
     run.model_config = json.loads(config_src.read_text("utf-8"))
-    if (run.model_config.get("quantization_config") or {}).get("quant_method") != "quark" and run.profile["quantization"].get("config_json") == "quark":
-        run.findings.append(Finding("fuse-config", "error", "config.json", f"{config_src} has no Quark quantization_config; profile {run.profile['id']} packages keep it",
+    if (run.model_config.get("quantization_config") or {}).get("quant_method") != "quark" and run.profile.quantization.config_json == "quark":
+        run.findings.append(Finding("fuse-config", "error", "config.json", f"{config_src} has no Quark quantization_config; profile {run.profile.id} packages keep it",
                                     "pass the Quark export folder as quark_dir", "/quantization_config"))
 
 
@@ -289,7 +290,7 @@ def _write_header(run: _Run, entries: dict, stage: Path) -> list[dict]:
     header = {
         "format": formats.HEADER_FORMAT, "format_version": formats.FORMAT_VERSION,
         "generator": "raipack fuse (reference backend)", "weights_file": names["weights"], "weights_size": run.written[names["weights"]],
-        "alignment": ALIGNMENT, "graph": names["graph"], "profile": profile["id"], "release": profile.get("release"),
+        "alignment": ALIGNMENT, "graph": names["graph"], "profile": profile.id, "release": profile.release,
         "model": run.dims, "packing": {"MatMulNBits": formats.MATMULNBITS_PACKING},
         "tiers": {"prefill": L["prefill"], "token": L["token"], "max_length": L["max_length"], "node": NODE},
         "operators": operators, "cpu_nodes": fg.cpu_nodes,
@@ -426,7 +427,7 @@ def _write_configs(run: _Run, stage: Path) -> None:
     run.written["genai_config.json"] = _json(stage / "genai_config.json", new_genai)
     run.written["rai_config.json"] = _json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
     run.written["config.json"] = _json(stage / "config.json", run.model_config)
-    prompts = write_prompts_file(stage, [n for n in defaults()["lengths"] if n <= (run.settings.prompt_limit(run.profile, run.profile["release"]) or (0,))[0]])
+    prompts = write_prompts_file(stage, [n for n in defaults()["lengths"] if n <= (run.settings.prompt_limit(run.profile, run.profile.release) or (0,))[0]])
     if prompts:  # what raipack bench runs, as AMD's packages ship it; written now, since a sealed package is never edited
         run.written["prompts.txt"] = prompts
     card = _readme(run.model_config, run.profile, L, run)
@@ -440,7 +441,7 @@ def _fuse_report(run: _Run, t0: float) -> dict:
     fg, L = run.fg, run.L
     return {
         "backend": "reference",
-        "profile": run.profile["id"],
+        "profile": run.profile.id,
         "seconds": round(time.perf_counter() - t0, 3),
         "fused_nodes": [{"name": f.name, "op_type": f.op_type, "layer": f.layer, "members": [n.name for n in f.members]} for f in fg.fused],
         "fused_counts": _counts(fg.fused),
@@ -485,15 +486,15 @@ def _genai_config(genai: dict, opts: dict, L: dict, gen_cfg: dict, graph: str) -
     return doc
 
 
-def _readme(model_config: dict, profile: dict, L: dict, run: _Run) -> str:
+def _readme(model_config: dict, profile: Profile, L: dict, run: _Run) -> str:
     fg, written, findings, names = run.fg, run.written, run.findings, run.names
     name = model_config.get("_name_or_path") or (model_config.get("architectures") or ["model"])[0]
     name = str(name).rstrip("/").rsplit("/", 1)[-1] or "model"
     w = (model_config.get("quantization_config") or {}).get("global_quant_config", {}).get("weight", {})
     counts = _counts(fg.fused)
     lines = [
-        f"# {name} — raipack reference package ({profile['id']})", "",
-        f"This folder follows the file layout of AMD's Ryzen AI {profile.get('release')} {_kind(L)} packages (`{names['graph']}`, `{names['data']}`, "
+        f"# {name} — raipack reference package ({profile.id})", "",
+        f"This folder follows the file layout of AMD's Ryzen AI {profile.release} {_kind(L)} packages (`{names['graph']}`, `{names['data']}`, "
         f"`{names['weights']}`, `{names['header']}`, `cache/`{', `dd_metastate_*`' if L['prefill'] else ''}, `genai_config.json`, `rai_config.json`).", "",
         f"**The binary files (`{names['weights']}`, `{names['header']}`, `cache/*.const`{', `dd_metastate_*`' if L['prefill'] else ''}) are in raipack's own documented "
         "open format (docs/formats.md in the raipack repository). They are NOT loadable by AMD's proprietary Ryzen AI runtime "

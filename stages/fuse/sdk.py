@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from raipack.core.errors import RaipackError, UsageError
+from raipack.npu.spec import Profile
 from raipack.runtime.trust import first_line
 
 DATA = Path(__file__).with_name("data") / "sdk_backend.json"
@@ -88,16 +89,16 @@ def module_version() -> str:
         return "not installed"
 
 
-def call_settings(profile: dict, config=None) -> dict:
+def call_settings(profile: Profile, config=None) -> dict:
     """mode, recipe, mem_optimize and extra_options for `profile` (its `sdk` block), the recipe's [fuse] overrides applied."""
-    block = profile.get("sdk")
+    block = profile.sdk
     if not block:
-        raise UsageError(f"profile {profile['id']} has no model_generate settings (its `sdk` block), so the ryzenai-sdk backend cannot build it",
+        raise UsageError(f"profile {profile.id} has no model_generate settings (its `sdk` block), so the ryzenai-sdk backend cannot build it",
                          "build a 1.7.1 or 1.8.0 target (see `raipack profiles`), or use --backend reference")
-    extra = dict(block.get("extra_options", {}))
+    extra = dict(block.extra_options)
     extra.update(getattr(config, "extra_options", None) or {})
-    return {"mode": block["mode"], "input": block.get("input", "export"), "recipe": getattr(config, "recipe", None) or block.get("recipe"),
-            "mem_optimize": bool(getattr(config, "mem_optimize", False) or block.get("mem_optimize", False)), "extra_options": extra}
+    return {"mode": block.mode, "input": block.input, "recipe": getattr(config, "recipe", None) or block.recipe,
+            "mem_optimize": bool(getattr(config, "mem_optimize", False) or block.mem_optimize), "extra_options": extra}
 
 
 def argv(tool: str, call: dict, export_dir: Path, out_dir: Path) -> list[str]:
@@ -112,7 +113,7 @@ def argv(tool: str, call: dict, export_dir: Path, out_dir: Path) -> list[str]:
     return cmd
 
 
-def generate(profile: dict, export_dir: Path, out_dir: Path, config=None, untrusted=()) -> dict:
+def generate(profile: Profile, export_dir: Path, out_dir: Path, config=None, untrusted=()) -> dict:
     """Run model_generate on `export_dir` (the OGA export, or the Quark folder where the profile's `sdk.input` says so) into `out_dir`; its report, `sdk` saying how it ran."""
     call = call_settings(profile, config)
     module, why = find_module([export_dir, out_dir, *untrusted])

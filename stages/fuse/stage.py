@@ -8,6 +8,7 @@ from typing import Literal
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, Stage
+from raipack.npu.spec import Profile
 
 SDK_KIND = "ryzenai-sdk-package"  # manifest kind of a package whose NPU files AMD's model_generate wrote
 
@@ -25,11 +26,11 @@ class FuseConfig:
         return [name for name, value in (("recipe", self.recipe), ("mem_optimize", self.mem_optimize), ("extra_options", self.extra_options)) if value]
 
 
-def reference_profile(target: dict) -> str:
+def reference_profile(target: Profile) -> str:
     """raipack's own package profile for a release target: the reference profile that extends it."""
     from raipack.npu import profile as profiles
 
-    return profiles.reference_for(target)["id"]
+    return profiles.reference_for(target).id
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
@@ -75,10 +76,10 @@ def run(job: Job) -> dict:
 
 def output_profile(job: Job) -> str:
     backend, _ = choose_backend(job.config.backend)
-    return job.profile["id"] if backend == "ryzenai-sdk" else reference_profile(job.profile)
+    return job.profile.id if backend == "ryzenai-sdk" else reference_profile(job.profile)
 
 
-def preflight(config: FuseConfig, target: dict) -> None:
+def preflight(config: FuseConfig, target: Profile) -> None:
     """The reference backend builds only targets that have a reference profile and takes no model_generate
     options; the ryzenai-sdk backend only targets whose profile has an `sdk` block, extra options as strings."""
     backend, _ = choose_backend(config.backend)

@@ -26,9 +26,8 @@ from raipack.core.errors import RaipackError
 from raipack.core.memory import ENV_LIMIT, GIB, MIB, available, gib, parse_size  # noqa: F401  (ENV_LIMIT, GIB, parse_size: this module's names before they moved)
 from raipack.core.stage import MemoryEstimate
 from raipack.data import load_data
+from raipack.npu import families
 from raipack.stages.quantize.preflight import text_config
-
-_FUSED = ("phi3",)  # qkv_proj and gate_up_proj: same parameter count, other linear shapes
 
 
 def model_data() -> dict[str, Any]:
@@ -65,7 +64,8 @@ class Shape:
             hidden=c["hidden_size"], intermediate=c["intermediate_size"], layers=c["num_hidden_layers"], heads=heads,
             kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or c["hidden_size"] // heads,
             vocab=c["vocab_size"], tied=bool(c.get("tie_word_embeddings", config_json.get("tie_word_embeddings", False))),
-            qkv_bias=model_type == "qwen2" or bool(c.get("attention_bias")), fused=model_type in _FUSED,
+            qkv_bias=families.qkv_bias(model_type) or bool(c.get("attention_bias")),
+            fused=families.linears_of(model_type) == "phi3",  # qkv_proj and gate_up_proj: same parameter count, other linear shapes
         )
 
     def linears(self) -> list[tuple[str, int, int]]:

@@ -8,6 +8,7 @@ from typing import Literal
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, MemoryEstimate, Stage
+from raipack.npu.spec import Profile
 from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
@@ -99,14 +100,14 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     return out
 
 
-def preflight(config: QuantizeConfig, target: dict) -> None:
+def preflight(config: QuantizeConfig, target: Profile) -> None:
     """Refuse a bad [quantize].lm_head before any stage runs (its width is checked against the model in the stage)."""
     from raipack.stages.quantize.preflight import resolve_lm_head
 
     resolve_lm_head({}, config.lm_head)
 
 
-def memory(config: QuantizeConfig, model_config: dict | None, target: dict) -> MemoryEstimate:
+def memory(config: QuantizeConfig, model_config: dict | None, target: Profile) -> MemoryEstimate:
     """The estimate from config.json and the options (stages/quantize/memory.py); the runner refuses the stage
     before it loads anything when it exceeds the free memory. No config.json: ValueError (the registry's allowance)."""
     from raipack.stages.quantize.memory import stage_estimate

@@ -114,7 +114,7 @@ def _reference_id(job) -> str:
     """The fake fuse writes the package of the job's target (reference-4K for 1.8.0-npu-4K)."""
     from raipack.npu.profile import reference_for
 
-    return reference_for(job.profile)["id"]
+    return reference_for(job.profile).id
 
 
 def _real_stage(name: str):

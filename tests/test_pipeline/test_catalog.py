@@ -40,17 +40,17 @@ def test_release_profiles_are_built_from_templates_not_copied():
     built = catalog.release_profiles()
     assert {"1.6-npu", "1.7.1-npu-4K", "1.8.0-npu-16K", "1.8.0-hybrid", "reference-16K", "reference-1.7.1-hybrid"} <= set(built)
     p171, p180 = profiles.get("1.7.1-npu-16K"), profiles.get("1.8.0-npu-16K")
-    assert p171["detect"]["name_patterns"] == ["*_rai_1.7.1_npu_16K"] and p180["release"] == "1.8.0"
-    assert "kv_cache_fusion" not in p171["advice"] and "kv_cache_fusion" in p180["advice"]  # 1.7.1's `set` removes it (null)
-    assert p171["max_prompt_length"] == catalog.prompt_table() and p171["max_prompt_length"]["1.3.1"] == 2048
-    assert "1.6.0" not in profiles.get("1.3-npu")["max_prompt_length"]  # prompt_table_until 1.5.1
-    assert profiles.get("reference-16K")["extends"] == "1.8.0-npu-16K"
+    assert p171.detect.name_patterns == ("*_rai_1.7.1_npu_16K",) and p180.release == "1.8.0"
+    assert p171.advice.kv_cache_fusion is None and p180.advice.kv_cache_fusion is not None  # 1.7.1's `set` removes it (null)
+    assert p171.max_prompt_length == catalog.prompt_table() and p171.max_prompt_length["1.3.1"] == 2048
+    assert "1.6.0" not in profiles.get("1.3-npu").max_prompt_length  # prompt_table_until 1.5.1
+    assert profiles.get("reference-16K").extends == "1.8.0-npu-16K"
 
 
 def test_set_null_removes_a_key_and_templates_keep_their_nulls():
     assert catalog.apply({"a": {"x": 1, "y": 2}}, {"a": {"x": None}}) == {"a": {"y": 2}}
     assert catalog.apply({"a": 1}, {"b": None}, keep_null=True) == {"a": 1, "b": None}
-    assert profiles.get("1.8.0-hybrid")["fusion"] is None
+    assert profiles.get("1.8.0-hybrid").fusion is None
 
 
 def test_release_in_name():
@@ -76,7 +76,7 @@ def test_a_release_newer_than_the_catalog_is_named_and_never_another(tmp_path):
 def test_a_newer_release_with_a_variant_suffix_takes_that_variant(tmp_path):
     pkg = make_package(tmp_path, "1.8.0-npu-4K", name="Llama_rai_2.0.0_npu_4K")
     found = profiles.detect(Package.scan(pkg))
-    assert found.profile["id"] == "1.8.0-npu-4K" and found.unknown_release == "2.0.0"
+    assert found.profile.id == "1.8.0-npu-4K" and found.unknown_release == "2.0.0"
     assert "the newest known release of variant npu-4K" in found.reason
 
 
@@ -112,7 +112,7 @@ def test_adding_a_release_is_one_catalog_entry(tmp_path, fake_release, capsys):
     result = validate(pkg)
     assert result.profile == "9.9.0-npu-16K", result.profile_reason
     assert [f for f in result.findings if f.severity in ("error", "warning")] == []
-    assert profiles.get("1.8.0-npu-16K")["max_prompt_length"]["9.9.0"] == 8192  # every profile's prompt table knows it
+    assert profiles.get("1.8.0-npu-16K").max_prompt_length["9.9.0"] == 8192  # every profile's prompt table knows it
     code, out, _ = run_cli(capsys, "validate", pkg)
     assert code == 0 and "profile 9.9.0-npu-16K" in out
     # content alone now takes the new release, the newest that fits
@@ -139,8 +139,8 @@ def test_the_target_enum_is_the_schemas():
     from raipack.npu.target import Target, target_of
 
     assert [t.value for t in Target] == schemas.load("profile")["properties"]["target"]["enum"]
-    assert all(isinstance(target_of(p), Target) for p in profiles.all_profiles().values())
-    assert {p["id"] for p in profiles.all_profiles().values() if target_of(p).is_amd} == {
+    assert all(isinstance(p.target, Target) and p.target is target_of(p.document()) for p in profiles.all_profiles().values())
+    assert {p.id for p in profiles.all_profiles().values() if p.target.is_amd} == {
         pid for pid in catalog.release_profiles() if not pid.startswith("reference")}
 
 
@@ -175,7 +175,7 @@ def test_each_variants_sdk_mode_is_one_amd_documents_for_its_release():
     for rel in catalog.releases():
         modes = (rel.get("model_generate") or {}).get("modes", [])
         for variant in rel.get("variants") or {}:
-            sdk = profiles.get(catalog.profile_id(rel, variant)).get("sdk")
+            sdk = profiles.get(catalog.profile_id(rel, variant)).sdk
             if sdk and modes:
-                flag = f"--{sdk['mode']}" + (f" --{sdk['recipe']}" if sdk.get("recipe") else "")
+                flag = f"--{sdk.mode}" + (f" --{sdk.recipe}" if sdk.recipe else "")
                 assert any(m == flag or m.startswith(flag + " ") for m in modes), (rel["release"], variant, flag)

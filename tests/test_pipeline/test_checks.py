@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import shutil
 
@@ -14,7 +13,7 @@ from raipack.checks import load_all
 from raipack.cli import main
 from raipack.modelpackage import layout
 from raipack.npu import formats
-from raipack.npu.profile import all_profiles
+from raipack.npu.profile import all_profiles, changed
 from raipack.npu.profile import get as get_profile
 from raipack.validate import validate
 
@@ -28,7 +27,7 @@ def test_generated_package_is_clean_and_detected(make_pkg, profile_id):
     result = validate(pkg)
     assert result.profile == profile_id, result.profile_reason
     assert [f for f in result.findings if f.severity in ("error", "warning")] == []
-    package_checks = set(layout.spec()["checks"]) if all_profiles()[profile_id]["target"] == "model-package" else set()  # its own MP ids besides its variants'
+    package_checks = set(layout.spec()["checks"]) if all_profiles()[profile_id].target == "model-package" else set()  # its own MP ids besides its variants'
     assert set(result.checks_run) == {c for c, s in load_all().items() if not s.needs} | package_checks
 
 
@@ -209,7 +208,7 @@ def test_every_check_has_a_failing_case():
     assert covered | reference_format | advice >= set(load_all()), sorted(set(load_all()) - covered)
 
 
-@pytest.mark.parametrize("profile_id", sorted(p for p, v in all_profiles().items() if v["target"] == "reference"))
+@pytest.mark.parametrize("profile_id", sorted(p for p, v in all_profiles().items() if v.target == "reference"))
 def test_reference_packages_are_real_fused_packages(make_pkg, profile_id):
     """The factory's reference packages come from the fuse stage: raipack's header, every RP90x check run, clean."""
     from raipack.npu import profile as profiles
@@ -252,8 +251,7 @@ def test_cpu_fallback_is_reported(tmp_path):
     oga, quark = reference_export()
     from raipack.stages.fuse.reference import fuse
 
-    profile = copy.deepcopy(get_profile("reference-4K"))
-    profile["quantization"]["allowed_group_sizes"] = [32, 64]
+    profile = changed(get_profile("reference-4K"), {"quantization": {"allowed_group_sizes": [32, 64]}})
     pkg = tmp_path / "pkg"
     report = fuse(oga, pkg, profile, quark_dir=quark)
     write_manifest(pkg, target_profile="1.8.0-npu-4K")

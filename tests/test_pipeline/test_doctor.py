@@ -143,7 +143,7 @@ def test_packages_amds_runtime_cannot_load(profile_id, words):
     from raipack.npu.profile import get
 
     prof = get(profile_id)
-    (p,) = doctor._kind_problems(prof, prof.get("release", "n/a"))
+    (p,) = doctor._kind_problems(prof, prof.release)
     assert p.code == "DR100" and p.severity == "error" and words in p.message
     assert doctor._kind_problems(get("1.8.0-npu-16K"), "1.8.0") == []
 

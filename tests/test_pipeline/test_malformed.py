@@ -14,9 +14,9 @@ from helpers import edit_json
 from raipack.cli import main
 from raipack.npu.profile import all_profiles
 
-PROFILES = sorted(p for p, v in all_profiles().items() if v["target"] != "intermediate") + ["oga-export", "quark-export"]
+PROFILES = sorted(p for p, v in all_profiles().items() if v.target != "intermediate") + ["oga-export", "quark-export"]
 N = 210
-BUILT = {p for p, v in all_profiles().items() if v["target"] == "reference" or p == "ort-model-package"}.__contains__  # their packages copy a real build
+BUILT = {p for p, v in all_profiles().items() if v.target == "reference" or p == "ort-model-package"}.__contains__  # their packages copy a real build
 BAD_VALUES = ["oops", -1, None, [1, 2], {"a": 1}, 1.5, True]
 GENAI_NUMERIC = [("model", "vocab_size"), ("model", "context_length"), ("model", "decoder", "num_hidden_layers"), ("model", "decoder", "head_size"),
                  ("model", "decoder", "num_key_value_heads"), ("model", "decoder", "num_attention_heads"), ("search", "max_length"), ("search", "num_beams")]
@@ -48,7 +48,7 @@ def m_lfs(pkg, rng):
 
 
 def m_delete_required(pkg, rng, profile):
-    patterns = profile["files"]["required"] + [g[0] for g in profile["files"].get("required_one_of", []) if len(g) == 1]
+    patterns = [*profile.files.required, *(g[0] for g in profile.files.required_one_of if len(g) == 1)]
     names = [p for p in patterns if "*" not in p and (pkg / p).exists()]
     target = pkg / rng.choice(names)
     shutil.rmtree(target) if target.is_dir() else target.unlink()

@@ -35,13 +35,13 @@ def rp601(pkg, profile_id: str):
 
 def with_groups(pkg, profile_id: str) -> list[list[str]]:
     """Every set gets all files of its profile's ship-together groups; returns the groups."""
-    groups = all_profiles()[profile_id]["metastate"].get("ship_together", [])
+    groups = all_profiles()[profile_id].metastate.ship_together
     for stem in sets_of(pkg):
         give(pkg, stem, *(e for g in groups for e in g))
     return groups
 
 
-GROUPED = sorted(pid for pid, p in all_profiles().items() if p["metastate"].get("ship_together") and not p["metastate"]["tiered"])
+GROUPED = sorted(pid for pid, p in all_profiles().items() if p.metastate.ship_together and not p.metastate.tiered)
 
 
 def test_some_profiles_declare_what_ships_together():
@@ -62,10 +62,10 @@ def test_a_set_missing_a_file_its_layout_ships_with_the_others(make_pkg, profile
     """`.state`, `.super` and `.ctrlpkt` present, `.fconst` missing (the first member of each group),
     while no other set has the group either: only the layout says the file belongs there."""
     pkg = make_pkg(profile_id)
-    spec = all_profiles()[profile_id]["metastate"]
-    group = spec["ship_together"][0]
+    spec = all_profiles()[profile_id].metastate
+    group = spec.ship_together[0]
     for stem in sets_of(pkg):
-        for ext in set(group) - set(spec["siblings"]):
+        for ext in set(group) - set(spec.siblings):
             (pkg / f"{stem}.{ext}").unlink(missing_ok=True)
     give(pkg, LAYOUT, *group[1:])
     (pkg / f"{LAYOUT}.{group[0]}").unlink(missing_ok=True)
@@ -74,7 +74,7 @@ def test_a_set_missing_a_file_its_layout_ships_with_the_others(make_pkg, profile
     f = found[0]
     assert f.severity == "error"  # issue 24: the runtime cannot run the node without it
     assert LAYOUT in f.message and f.hint
-    if group[0] not in spec["siblings"]:
+    if group[0] not in spec.siblings:
         assert f"ships .{group[0]}, " in f.message and "which has " in f.message and "cannot run the node" in f.message
         assert "copied incompletely" in f.hint and f"{LAYOUT}.{group[0]}" in f.hint
         assert result.failed()

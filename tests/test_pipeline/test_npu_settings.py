@@ -13,7 +13,7 @@ from raipack.npu.profile import all_profiles, get
 from raipack.npu.settings import NpuSettings, SettingsError
 from raipack.validate import validate
 
-REFERENCE = sorted(pid for pid, p in all_profiles().items() if p["target"] == "reference")
+REFERENCE = sorted(pid for pid, p in all_profiles().items() if p.target == "reference")
 
 
 def _advice(pkg):

@@ -24,7 +24,7 @@ def _job(tmp_path: Path, verbose: bool = False):
     terminal = open(2, "w", buffering=1, closefd=False)  # what the CLI's Progress writes to: fd 2
     recipe = SimpleNamespace(output=str(tmp_path / "build"), model_name=lambda: "m")
     return SimpleNamespace(workdir=work, progress=Progress("plain", stream=terminal, verbose=verbose), stage=SimpleNamespace(name="export"),
-                           recipe=recipe, profile={"id": "p", "detect": {"name_patterns": ["*_rai"]}})
+                           recipe=recipe, profile=SimpleNamespace(id="p", detect=SimpleNamespace(name_patterns=("*_rai",))))
 
 
 def _talk(job):

@@ -207,7 +207,7 @@ def fakes() -> dict:
     from raipack.npu.profile import reference_for
 
     def target(job):
-        return reference_for(job.profile)["id"]
+        return reference_for(job.profile).id
 
     out = {**fake_stages.FAKES, **{n: dataclasses.replace(fake_stages.FAKES[n], profile_keys=()) for n in ("quantize", "export")}}
     out["fuse"] = dataclasses.replace(out["fuse"], output_profile=target, run=lambda job: fake_stages._writer(target(job))(job))

@@ -51,8 +51,8 @@ def shipped_profiles() -> list[tuple[str, str, object]]:
 
     out = [("profile", f"file/{p.stem}", json.loads(p.read_text("utf-8"))) for p in sorted(PROFILES.glob("*.json"))]
     for pid, prof in sorted(profile.all_profiles().items()):
-        out.append(("profile", f"resolved/{pid}", prof))
-        out += [("profile", f"resolved/{pid}/{m}", profile.for_model(prof, m)) for m in sorted(prof.get("model_overrides", {}))]
+        out.append(("profile", f"resolved/{pid}", prof.document()))
+        out += [("profile", f"resolved/{pid}/{m}", profile.for_model(prof, m).document()) for m in sorted(prof.model_overrides)]
     return out
 
 

@@ -92,9 +92,9 @@ def test_shipped_profiles_validate():
     assert sorted(profile.file_profiles()) == sorted(p.stem for p in folder.glob("*.json"))
     assert set(profile.raw_profiles()) == set(profile.file_profiles()) | set(catalog.release_profiles())
     for pid, prof in profile.all_profiles().items():
-        assert schemas.errors("profile", prof) == [], pid
-        for model_type in prof.get("model_overrides", {}):
-            assert schemas.errors("profile", profile.for_model(prof, model_type)) == [], (pid, model_type)
+        assert schemas.errors("profile", prof.document()) == [], pid
+        for model_type in prof.model_overrides:
+            assert schemas.errors("profile", profile.for_model(prof, model_type).document()) == [], (pid, model_type)
 
 
 def test_profile_derivation_merges_objects_and_replaces_the_rest():
@@ -104,12 +104,12 @@ def test_profile_derivation_merges_objects_and_replaces_the_rest():
     assert merged == {"a": {"x": 1, "y": [3]}, "b": 1, "c": 2}
     ref = profile.all_profiles()["reference-1.7.1-16K"]
     base = profile.all_profiles()["1.7.1-npu-16K"]
-    assert ref["buckets"] == base["buckets"] and ref["genai"] == base["genai"] and ref["release"] == "1.7.1"
-    assert ref["metastate"]["tiered"] and not base["metastate"]["tiered"]
-    assert profile.reference_for(base)["id"] == "reference-1.7.1-16K"
+    assert ref.buckets == base.buckets and ref.genai == base.genai and ref.release == "1.7.1"
+    assert ref.metastate.tiered and not base.metastate.tiered
+    assert profile.reference_for(base).id == "reference-1.7.1-16K"
     phi = profile.for_model(profile.all_profiles()["1.8.0-npu-16K"], "phi3")
-    assert phi["genai"]["search"]["chunk_size"] == 8192 and max(phi["buckets"]["prefill"]) == 8192
-    assert profile.for_model(profile.all_profiles()["1.8.0-npu-16K"], "llama")["genai"]["search"]["chunk_size"] == 4096
+    assert phi.genai.search["chunk_size"] == 8192 and max(phi.buckets.prefill) == 8192
+    assert profile.for_model(profile.all_profiles()["1.8.0-npu-16K"], "llama").genai.search["chunk_size"] == 4096
 
 
 # ------------------------------------------------------------ the examples

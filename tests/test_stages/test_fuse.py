@@ -9,7 +9,6 @@ length inside every prefill tier, across a token-tier boundary and through chunk
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +17,8 @@ import numpy as np
 import pytest
 
 from raipack.npu import formats
+from raipack.npu.profile import changed
+from raipack.npu.spec import build
 from shared_fixtures import TRAIN_TEXT
 
 STEPS = 64
@@ -56,7 +57,7 @@ def packages(oga16k, tmp_path_factory) -> dict:
         pkg = root / pid
         report = fuse(oga16k, pkg, get_profile(pid), quark_dir=oga16k.parent / "quark")
         lfs.write(pkg)
-        write_manifest(pkg, target_profile=get_profile(pid)["extends"])
+        write_manifest(pkg, target_profile=get_profile(pid).extends)
         out[pid] = (pkg, report)
     return out
 
@@ -134,18 +135,18 @@ def test_package_layout_and_report(packages, pid):
     profile = get_profile(pid)
     assert report["findings"] == [] and report["npu_complete"]
     assert report["fused_counts"] == {"RMSNormQKV": 1, "SkipRMSNormQKV": 1, "GQARope": 2, "OProjSkipRMSNorm": 2, "SiluGatedMLP": 2}
-    for name in profile["files"]["required"]:
+    for name in profile.files.required:
         assert (pkg / name).is_file(), name
     genai = json.loads((pkg / "genai_config.json").read_text())
     opts = genai["model"]["decoder"]["session_options"]["provider_options"][0]["RyzenAI"]
     assert opts["external_data_file"] == "model.pb.bin" and opts["hybrid_opt_token_backend"] == "npu"
-    assert opts["hybrid_opt_max_seq_length"] == str(max(profile["buckets"]["prefill"]))
+    assert opts["hybrid_opt_max_seq_length"] == str(max(profile.buckets.prefill))
     assert all(isinstance(v, str) for v in opts.values())
     search = genai["search"]
-    assert search["max_length"] == profile["genai"]["search"]["max_length"] and search["past_present_share_buffer"] is True
-    assert search.get("chunk_size") == profile["genai"]["search"].get("chunk_size")
+    assert search["max_length"] == profile.genai.search["max_length"] and search["past_present_share_buffer"] is True
+    assert search.get("chunk_size") == profile.genai.search.get("chunk_size")
     tiers = [p.name for p in pkg.glob("dd_metastate_*.plan")]
-    want = len([t for t in profile["buckets"]["prefill"] if t <= search["max_length"]]) + len(profile["buckets"]["token"])
+    want = len([t for t in profile.buckets.prefill if t <= search["max_length"]]) + len(profile.buckets.token)
     assert len(tiers) == want
     assert json.loads((pkg / "config.json").read_text())["quantization_config"]["quant_method"] == "quark"
     rai = json.loads((pkg / "rai_config.json").read_text())["max_prompt_length"]
@@ -302,8 +303,7 @@ def test_fuse_writes_only_into_a_new_or_empty_folder(packages, oga16k, tmp_path)
     (out / "stale.txt").unlink()
     fuse(oga16k, out, get_profile("reference-4K"), quark_dir=oga16k.parent / "quark")
     assert (out / "model.bin").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
-    bad = copy.deepcopy(get_profile("reference-4K"))
-    bad["genai"]["search"]["chunk_size"] = 300
+    bad = changed(get_profile("reference-4K"), {"genai": {"search": {"chunk_size": 300}}})
     with pytest.raises(RaipackError, match="chunk_size 300, which is not one of its prefill tiers"):
         fuse(oga16k, tmp_path / "never", bad, quark_dir=oga16k.parent / "quark")
     assert not (tmp_path / "never").exists() and not list(tmp_path.glob(".never*"))
@@ -314,8 +314,7 @@ def test_unsupported_group_size_is_reported_not_hidden(oga16k, tmp_path, prompt_
     from raipack.runtime.reference import ReferenceRuntime
     from raipack.stages.fuse.reference import fuse
 
-    profile = copy.deepcopy(get_profile("reference-4K"))
-    profile["quantization"]["allowed_group_sizes"] = [32, 64]  # the export has block_size 128
+    profile = changed(get_profile("reference-4K"), {"quantization": {"allowed_group_sizes": [32, 64]}})  # the export has block_size 128
     report = fuse(oga16k, tmp_path / "pkg", profile, quark_dir=oga16k.parent / "quark")
     assert not report["npu_complete"]
     errors = [f for f in report["findings"] if f["severity"] == "error"]
@@ -406,10 +405,11 @@ def test_chunked_prefill_matches(oga16k, tmp_path, reference, prompt_ids):
     from raipack.runtime.reference import ReferenceRuntime
     from raipack.stages.fuse.reference import fuse
 
-    profile = copy.deepcopy(get_profile("reference-16K"))
-    profile["buckets"] = {"prefill": [128, 256], "token": [512, 1024, 2048]}
-    profile["genai"]["search"].update(max_length=2048, chunk_size=256)
-    profile["max_prompt_length"] = {"1.8.0": 1000}
+    doc = get_profile("reference-16K").document()
+    doc["buckets"] = {"prefill": [128, 256], "token": [512, 1024, 2048]}
+    doc["genai"]["search"].update(max_length=2048, chunk_size=256)
+    doc["max_prompt_length"] = {"1.8.0": 1000}
+    profile = build(doc, "a test's variation of reference-16K")
     report = fuse(oga16k, tmp_path / "pkg", profile, quark_dir=oga16k.parent / "quark")
     assert report["lengths"]["chunked"] and report["lengths"]["max_prompt_length"] == {"1.8.0": 1000}
     rt = ReferenceRuntime(tmp_path / "pkg", threads=2)
@@ -484,7 +484,7 @@ def test_missing_tier_is_caught(packages, tmp_path):
 
     pkg = _copy(packages["reference-16K"][0], tmp_path)
     tier = 8064  # a token tier of the 1.8.0 16K profile
-    assert tier in get_profile("reference-16K")["buckets"]["token"]
+    assert tier in get_profile("reference-16K").buckets.token
     for p in pkg.glob(f"dd_metastate_Llm_Token_decoder_{tier}.*"):
         p.unlink()
     result = _validate(pkg)

@@ -104,7 +104,7 @@ def test_the_call_per_target(fake_sdk, tmp_path, profile_id, mode, recipe, extra
 
 def test_max_seq_len_is_the_profile_context():
     for pid in ("1.7.1-npu-16K", "1.8.0-npu-16K"):
-        assert get(pid)["sdk"]["extra_options"]["max_seq_len"] == str(get(pid)["context"])
+        assert get(pid).sdk.extra_options["max_seq_len"] == str(get(pid).context)
 
 
 def test_recipe_overrides_reach_the_call(fake_sdk, tmp_path):

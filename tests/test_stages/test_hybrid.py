@@ -40,7 +40,7 @@ def set_options(pkg: Path, **changes) -> None:
 def test_hybrid_is_a_build_target_with_a_reference_profile(release):
     target = profiles.get(f"{release}-hybrid")
     ref = profiles.reference_for(target)  # refused before: "has no reference profile, so raipack cannot build it"
-    assert ref["id"] == f"reference-{release}-hybrid" and ref["layout"]["header"] == "model_jit.pb.bin"
+    assert ref.id == f"reference-{release}-hybrid" and ref.layout.header == "model_jit.pb.bin"
 
 
 @pytest.mark.parametrize("release", RELEASES)

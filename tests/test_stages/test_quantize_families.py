@@ -180,7 +180,7 @@ def test_lm_head_32_through_every_stage(built_lm_head_32):
     assert (op["name"].endswith("/lm_head"), op["attrs"]["bits"], op["attrs"]["block_size"]) == (True, 4, 32)
 
     smoke = _stage(result, "smoke").report
-    tiers = [t for t in profiles.get(PROFILE)["buckets"]["prefill"] if t <= SMOKE_MAX_TIER]
+    tiers = [t for t in profiles.get(PROFILE).buckets.prefill if t <= SMOKE_MAX_TIER]
     assert smoke["tokens_match_export"] and [t["tier"] for t in smoke["tiers"]] == tiers and len(tiers) > 2
     assert all(t["tokens_match_export"] and t["finite"] for t in smoke["tiers"])
 

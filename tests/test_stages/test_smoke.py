@@ -286,7 +286,7 @@ def test_smoke_runs_the_tiers_up_to_1024_and_the_largest_once():
     from raipack.npu import profile as profiles
     from raipack.stages.smoke.stage import prompt_lengths
 
-    tiers = profiles.get("1.8.0-npu-16K")["buckets"]["prefill"]  # 1 ... 4096
+    tiers = list(profiles.get("1.8.0-npu-16K").buckets.prefill)  # 1 ... 4096
     every = prompt_lengths(tiers, 4096, 4096, 4)
     scaled = prompt_lengths(tiers, 4096, 4096, 4, all_up_to=1024)
     assert [t for t, _ in every] == tiers

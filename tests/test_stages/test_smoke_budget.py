@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from factory import reference_export, reference_package
 
+from factory import reference_export, reference_package
 from raipack.core.errors import RaipackError
 from raipack.runtime.ortloop import OrtDecoder
 

@@ -214,13 +214,17 @@ class OrtDecoder:
         return tokens, rows
 
 
-def perplexity(logits: np.ndarray, input_ids: Sequence[int]) -> float:
-    """exp(mean negative log-likelihood) of ids[1:] under logits[:-1] (natural log, float64)."""
+def perplexity(logits: np.ndarray, input_ids: Sequence[int], block: int = 64) -> float:
+    """exp(mean negative log-likelihood) of ids[1:] under logits[:-1] (natural log, float64), `block`
+    rows at a time: a float64 copy of all rows would be 1 GiB for 512 rows at a 128K vocabulary."""
     ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
     if ids.size < 2:
         raise ValueError("perplexity needs at least two tokens")
-    x = np.asarray(logits[:-1], dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    logz = (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[:, 0]
-    nll = logz - x[np.arange(ids.size - 1), ids[1:]]
-    return float(math.exp(nll.mean()))
+    nll = 0.0
+    for start in range(0, ids.size - 1, block):
+        end = min(start + block, ids.size - 1)
+        x = np.asarray(logits[start:end], dtype=np.float64)
+        m = x.max(axis=-1, keepdims=True)
+        logz = (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[:, 0]
+        nll += float((logz - x[np.arange(end - start), ids[start + 1 : end + 1]]).sum())
+    return float(math.exp(nll / (ids.size - 1)))

@@ -81,21 +81,24 @@ def main(argv: list[str] | None = None) -> int:
         return [[int(x) for x in np.argmax(_hf_forced(model, ids, o), axis=-1)] for ids, o in zip(prompts, onnx)]
 
     seconds: dict[str, list[float]] = {"old": [], "new": []}
+    cpu: dict[str, list[float]] = {"old": [], "new": []}
     found = {}
     for _ in range(args.repeat):
         for name, way in (("old", old), ("new", new)):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             found[name] = way()
             seconds[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
     for o, a, b in zip(onnx, found["old"], found["new"]):  # up to the first divergence from the export, both ways agree
         cut = next((i for i, (x, y) in enumerate(zip(o, a)) if x != y), len(o))
         if a[: cut + 1] != b[: cut + 1]:
             print("the two ways disagree before the export diverges", file=sys.stderr)
             return 1
-    base = statistics.median(seconds["old"])
+    cbase = statistics.median(cpu["old"])
     print(f"quark {args.quark}; {len(prompts)} prompts x {args.steps} steps; export's own greedy decode {onnx_s:.2f} s")
     for name, s in seconds.items():
-        print(f"transformers {name:4} {statistics.median(s):8.2f} s  ratio {statistics.median(s) / base:5.2f}")
+        c = statistics.median(cpu[name])
+        print(f"transformers {name:4} {statistics.median(s):8.2f} s wall  {c:8.2f} CPU-s  CPU ratio {c / cbase:5.2f}")
     return 0
 
 

@@ -5,7 +5,11 @@ marked `cpu-reference` — never reported as an NPU run.
 On the CPU it also measures the package's perplexity on the held-out text (the export's window,
 pipeline/runtime/heldout.py); with `numerics = "bfp16"` a second time under the NPU's BFP16
 activations (pipeline/runtime/numerics.py), with the answer to the fixed prompt under BFP16. The
-token-equality checks stay float: they check the fusion, which BFP16 rounding would blur."""
+token-equality checks stay float: they check the fusion, which BFP16 rounding would blur.
+
+The package decodes every prompt the NPU runtime's way; the export checks its tokens from prefills
+(OrtDecoder.forced): the fixed prompt's in two calls, every tier's from one prefill of the longest tier
+prompt, of which the others are prefixes (docs/memory.md)."""
 
 from __future__ import annotations
 

@@ -27,11 +27,15 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def _hf_forced(model, ids: list[int], tokens: list[int]) -> "np.ndarray":
     """transformers' logits rows after `ids` and after each of `tokens` but the last ([len(tokens), V]
     float32), from one forward over ids + tokens[:-1] that computes the lm_head on those rows only
-    (`logits_to_keep`). Their argmax is transformers' greedy choice at each step along `tokens`."""
+    (`logits_to_keep`, where the model's forward has it). Their argmax is transformers' greedy choice
+    at each step along `tokens`."""
+    import inspect
+
     import torch
 
+    keep = {"logits_to_keep": len(tokens)} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([list(ids) + list(tokens)[:-1]]), use_cache=False, logits_to_keep=len(tokens))
+        out = model(input_ids=torch.tensor([list(ids) + list(tokens)[:-1]]), use_cache=False, **keep)
     return out.logits[0, -len(tokens):].float().numpy()
 
 

@@ -155,9 +155,9 @@ class OrtDecoder:
         of the one prefill (a causal decoder's logits there see prompt[:L] only); the rest come from one
         call over T[:-1] after the prefill's keys and values cut at L. Only the argmax of the rows
         asked for is kept. A graph whose lm_head returns the last row only is decoded with `greedy`."""
+        if not branches or min(branches) < 1 or max(branches) > len(prompt) or not all(len(t) for t in branches.values()):
+            raise ValueError(f"forced() needs prefix lengths from 1 to the prompt's {len(prompt)} tokens, each with at least one token after it")
         ids = np.asarray(prompt, dtype=np.int64).reshape(-1)[: max(branches)]
-        if not branches or min(branches) < 1 or not all(len(t) for t in branches.values()):
-            raise ValueError("forced() needs prefix lengths of at least one token, each with at least one token after it")
         rows = {length - 1 for length in branches}
         step = int(chunk_size) if chunk_size else ids.size
         past, chosen = self.empty_past(), {}

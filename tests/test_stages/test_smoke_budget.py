@@ -59,8 +59,9 @@ def test_forced_falls_back_to_greedy_when_the_lm_head_returns_the_last_row_only(
 
 
 def test_forced_refuses_an_empty_request(dec):
-    with pytest.raises(ValueError, match="at least one token"):
-        dec.forced(PROMPT, {3: []})
+    for branches in ({3: []}, {0: [5]}, {701: [5]}, {}):
+        with pytest.raises(ValueError, match="prefix lengths from 1 to the prompt's 700 tokens"):
+            dec.forced(PROMPT, branches)
 
 
 def smoke_job(**config):

@@ -105,3 +105,16 @@ def test_a_tier_whose_tokens_differ_from_the_export_fails_the_smoke_stage(monkey
     monkeypatch.setattr(chat, "timed_generate", wrong_at_tier_128)
     with pytest.raises(RaipackError, match="prefill tier 128: tokens differ from the export"):
         stage.run(smoke_job(tiers="all", max_tier=512))
+
+
+def test_the_bench_compares_old_and_new_on_the_tiny_package(capsys):
+    """bench/smoke_export.py runs (its default inputs: this package and export) and finds the same tokens both ways."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import smoke_export
+
+    assert smoke_export.main(["--repeat", "1", "--package", str(reference_package("reference-4K")), "--export", str(reference_export()[0])]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert " 92 calls" in lines["old"] and " 17 calls" in lines["new"] and "CPU ratio  1.00" in lines["old"]

@@ -144,6 +144,42 @@ class OrtDecoder:
             rows.append(logits)
         return np.concatenate(rows, axis=0), past
 
+    def forced(self, prompt: Sequence[int], branches: dict[int, Sequence[int]], chunk_size: int | None = None) -> dict[int, list[int]]:
+        """This graph's own greedy choices along given continuations of prefixes of one prompt, from one
+        prefill of the prompt's longest prefix asked for (in calls of `chunk_size` positions).
+
+        `branches` maps a prefix length L to tokens T. For each, the answer is the argmax after
+        prompt[:L] and after each of T but the last: len(T) token ids. They equal `greedy(prompt[:L],
+        len(T))[0]` exactly when T is what this graph's greedy decoding gives, and the first one that
+        differs from T is the first token greedy decoding would change. The row choosing T[0] is row L-1
+        of the one prefill (a causal decoder's logits there see prompt[:L] only); the rest come from one
+        call over T[:-1] after the prefill's keys and values cut at L. Only the argmax of the rows
+        asked for is kept. A graph whose lm_head returns the last row only is decoded with `greedy`."""
+        if not branches or min(branches) < 1 or max(branches) > len(prompt) or not all(len(t) for t in branches.values()):
+            raise ValueError(f"forced() needs prefix lengths from 1 to the prompt's {len(prompt)} tokens, each with at least one token after it")
+        ids = np.asarray(prompt, dtype=np.int64).reshape(-1)[: max(branches)]
+        rows = {length - 1 for length in branches}
+        step = int(chunk_size) if chunk_size else ids.size
+        past, chosen = self.empty_past(), {}
+        for start in range(0, ids.size, step):
+            chunk = ids[start : start + step]
+            logits, past = self.forward(chunk[None, :], past)
+            if logits.shape[1] != chunk.size:  # pruned lm_head: the rows are not there to compare
+                return {n: self.greedy(ids[:n], len(t), chunk_size=chunk_size)[0] for n, t in branches.items()}
+            chosen.update({r: int(np.argmax(logits[0, r - start])) for r in rows if start <= r < start + chunk.size})
+            del logits  # the chunk's rows, before the next call allocates its own
+        out = {}
+        for n, tokens in branches.items():
+            out[n] = [chosen[n - 1]]
+            if len(tokens) > 1:
+                cut = [(np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n])) for k, v in past]
+                logits, _ = self.forward(np.asarray(tokens[:-1], np.int64)[None, :], cut)
+                if logits.shape[1] != len(tokens) - 1:  # pruned lm_head
+                    out[n] = self.greedy(ids[:n], len(tokens), chunk_size=chunk_size)[0]
+                    continue
+                out[n] += [int(t) for t in np.argmax(logits[0], axis=-1)]
+        return out
+
     # -- public helpers ---------------------------------------------------------------------------
 
     def logits(self, input_ids: Sequence[int], chunk_size: int | None = None) -> np.ndarray:
@@ -178,13 +214,17 @@ class OrtDecoder:
         return tokens, rows
 
 
-def perplexity(logits: np.ndarray, input_ids: Sequence[int]) -> float:
-    """exp(mean negative log-likelihood) of ids[1:] under logits[:-1] (natural log, float64)."""
+def perplexity(logits: np.ndarray, input_ids: Sequence[int], block: int = 64) -> float:
+    """exp(mean negative log-likelihood) of ids[1:] under logits[:-1] (natural log, float64), `block`
+    rows at a time: a float64 copy of all rows would be 1 GiB for 512 rows at a 128K vocabulary."""
     ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
     if ids.size < 2:
         raise ValueError("perplexity needs at least two tokens")
-    x = np.asarray(logits[:-1], dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    logz = (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[:, 0]
-    nll = logz - x[np.arange(ids.size - 1), ids[1:]]
-    return float(math.exp(nll.mean()))
+    nll = 0.0
+    for start in range(0, ids.size - 1, block):
+        end = min(start + block, ids.size - 1)
+        x = np.asarray(logits[start:end], dtype=np.float64)
+        m = x.max(axis=-1, keepdims=True)
+        logz = (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))[:, 0]
+        nll += float((logz - x[np.arange(end - start), ids[start + 1 : end + 1]]).sum())
+    return float(math.exp(nll / (ids.size - 1)))

@@ -24,30 +24,34 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / den) if den else float("nan")
 
 
-def _hf_greedy(model, ids: list[int], steps: int):
+def _hf_forced(model, ids: list[int], tokens: list[int]) -> "np.ndarray":
+    """transformers' logits rows after `ids` and after each of `tokens` but the last ([len(tokens), V]
+    float32), from one forward over ids + tokens[:-1] that computes the lm_head on those rows only
+    (`logits_to_keep`, where the model's forward has it). Their argmax is transformers' greedy choice
+    at each step along `tokens`."""
     import inspect
 
     import torch
 
-    # transformers 5.x renamed `past_key_values` to `cache` (input and output); 4.x has the old name.
-    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    tokens, rows = [], []
+    keep = {"logits_to_keep": len(tokens)} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), use_cache=True)
-        for step in range(steps):
-            row = out.logits[0, -1].float().numpy()
-            tok = int(np.argmax(row))
-            tokens.append(tok)
-            rows.append(row)
-            if step == steps - 1:
-                break
-            out = model(input_ids=torch.tensor([[tok]]), use_cache=True, **{key: out[key]})
-    return tokens, rows
+        out = model(input_ids=torch.tensor([list(ids) + list(tokens)[:-1]]), use_cache=False, **keep)
+    return out.logits[0, -len(tokens):].float().numpy()
+
+
+def sample_positions(steps: int, size: int, seed: int = 0) -> list[int]:
+    """The generated positions whose logits rows parity compares: the first (the prompt's last token),
+    the last and `size` - 2 others drawn with a fixed seed; every position when `size` >= `steps`."""
+    if size >= steps:
+        return list(range(steps))
+    middle = np.random.default_rng(seed).choice(np.arange(1, steps - 1), size=max(size - 2, 0), replace=False)
+    return sorted({0, steps - 1, *(int(i) for i in middle)})
 
 
 @dataclass(frozen=True)
 class ParityOptions:
     steps: int = 32  # greedy steps per prompt (no EOS stop)
+    positions: int = 8  # generated positions per prompt whose logits rows are compared (sample_positions)
     max_heldout_tokens: int = 512  # the held-out text's tokens the perplexity reads
     threads: int | None = None  # torch's and onnxruntime's threads (default: theirs)
     dequantize_once: bool = True  # Quark's weights dequantized once, not on every call (same results, faster)
@@ -57,10 +61,12 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
            **fields) -> dict:
     """Compare the exported graph in `onnx_dir` with the Quark model in `quark_dir`.
 
-    Per prompt: cosine similarity and max abs difference of the last-token logits, the greedy tokens
-    of both over `steps` steps (no EOS stop), where they first diverge, and the lowest per-step logit
-    cosine up to there. Overall: perplexity of both on `heldout_text` (first `max_heldout_tokens`
-    tokens). `fields` set ParityOptions' fields over `options`. Returns a JSON-able dict.
+    Per prompt: the export's greedy tokens over `steps` steps (no EOS stop; its own decode loop), checked
+    against transformers from one forward over the prompt and those tokens (the argmax of each row is
+    transformers' greedy choice there, so the first that differs is where greedy decoding diverges);
+    cosine similarity and max abs difference of the last prompt token's logits, and the lowest logit
+    cosine over `positions` sampled generated positions (sample_positions: first, last, seeded others).
+    Overall: perplexity of both on `heldout_text` (first `max_heldout_tokens` tokens). `fields` set ParityOptions' fields over `options`. Returns a JSON-able dict.
     """
     opts = replace(options or ParityOptions(), **fields)  # fields: ParityOptions' (steps=8)
     steps, max_heldout_tokens, threads = opts.steps, opts.max_heldout_tokens, opts.threads
@@ -84,22 +90,28 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     for prompt in prompts:
         ids = tokenizer(prompt)["input_ids"]
         o_tokens, o_rows = dec.greedy(ids, steps)
-        h_tokens, h_rows = _hf_greedy(model, ids, steps)
-        diverge = next((i for i, (a, b) in enumerate(zip(o_tokens, h_tokens)) if a != b), None)
-        upto = len(o_rows) if diverge is None else diverge + 1
+        h_rows = _hf_forced(model, ids, o_tokens)  # transformers along the export's tokens: one forward, not a decode loop
+        h_choice = [int(t) for t in np.argmax(h_rows, axis=-1)]
+        diverge = next((i for i, (a, b) in enumerate(zip(o_tokens, h_choice)) if a != b), None)
+        sample = sample_positions(len(o_tokens), opts.positions)
+        # transformers' greedy tokens up to the first that differs (after it, its rows follow the export's tokens)
+        h_tokens = o_tokens if diverge is None else o_tokens[:diverge] + h_choice[diverge:diverge + 1]
         results.append({
             "prompt": prompt,
             "prompt_tokens": len(ids),
             "cosine": round(_cosine(o_rows[0], h_rows[0]), 6),
             "max_abs_diff": round(float(np.max(np.abs(o_rows[0] - h_rows[0]))), 6),
-            "min_step_cosine": round(min(_cosine(a, b) for a, b in zip(o_rows[:upto], h_rows[:upto])), 6),
-            "greedy_identical": o_tokens == h_tokens,
+            "positions_compared": len(sample),
+            # both rows of a position see the same tokens (the export's), so a row after a divergence compares too
+            "min_step_cosine": round(min(_cosine(o_rows[i], h_rows[i]) for i in sample), 6),
+            "greedy_identical": diverge is None,
             "first_divergence": diverge,
             "tokens_onnx": o_tokens,
             "tokens_transformers": h_tokens,
             "text_onnx": tokenizer.decode(o_tokens),
             "text_transformers": tokenizer.decode(h_tokens),
         })
+        del o_rows, h_rows
 
     held = tokenizer(heldout_text)["input_ids"][:max_heldout_tokens]
     if dec.context_length:
@@ -115,6 +127,7 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     levels = sorted({a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"})
     return {
         "steps": steps,
+        "positions_compared": sum(r["positions_compared"] for r in results),  # logits rows compared, over all prompts
         # 4 = MatMulNBits quantizes activations to int8 on CPU (the builder's CPU default); 1 = float32,
         # which is what Quark's weight-only scheme computes. It dominates the logit difference.
         "matmulnbits_accuracy_levels": levels,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raipack.core.errors import RaipackError
+from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, Stage
 
 PROMPTS = ["What is the capital of France?", "Write one sentence about the sea."]
@@ -18,6 +18,7 @@ class ExportConfig:
     extra_options: dict = field(default_factory=dict)  # builder extra options (name -> value)
     parity: bool = True
     parity_steps: int = 32
+    parity_positions: int = 8  # generated positions per prompt whose logits rows parity compares (first, last, seeded others)
     max_ppl_ratio: float = 1.01  # exported / Quark perplexity on the held-out text
 
 
@@ -35,7 +36,7 @@ def run(job: Job) -> dict:
     execution_provider = "cpu"
     report = export(quark, job.workdir, execution_provider=execution_provider, keep_excluded_float=cfg.keep_excluded_float, extra_options=dict(cfg.extra_options))
     if cfg.parity:
-        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps)
+        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps, positions=cfg.parity_positions)
         report["parity"] = p
         ppl = p["perplexity"]
         report["quality"] = {"ppl_quark": ppl["transformers"], "ppl_exported": ppl["onnx"], "ppl_ratio": ppl["ratio"],
@@ -48,6 +49,15 @@ def run(job: Job) -> dict:
     return report
 
 
+def preflight(config: ExportConfig, target: dict) -> None:
+    """Refuse a parity setting that cannot be sampled before any stage runs."""
+    for name, value in (("parity_steps", config.parity_steps), ("parity_positions", config.parity_positions)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "parity_steps" else 2):
+            raise UsageError(f"[export].{name} is {value!r}; expected a whole number of at least {1 if name == 'parity_steps' else 2}"
+                             + (" (the first and the last generated position are always compared)" if name == "parity_positions" else ""),
+                             f"set {name} to {ExportConfig.__dataclass_fields__[name].default} (the default), or parity = false to skip parity")
+
+
 STAGE = Stage(
     name="export",
     version="2",  # 2: the tokenizer files are the source's, byte for byte (builder.carry_tokenizer); older entries are rebuilt
@@ -58,4 +68,5 @@ STAGE = Stage(
     tools=("onnxruntime-genai", "onnx", "onnxruntime", "transformers", "torch"),
     kind="oga",
     profile_keys=(),  # one export serves every target (see run)
+    preflight=preflight,
 )

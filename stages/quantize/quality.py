@@ -18,7 +18,8 @@ HINT = 'check that the folder holds a Hugging Face model with its tokenizer (re-
 
 
 def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a folder, fp32 or Quark export, on CPU, eval mode."""
+    """Load ``(model, tokenizer)`` from a folder, the source or a Quark export, on CPU, eval mode, its
+    float tensors in ``dtype`` (a Quark export's packed weights stay packed: dequantize_once casts them)."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise RaipackError(f"{model_dir}: no config.json; expected a Hugging Face model folder", HINT)
@@ -28,10 +29,8 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
 
     cfg = json.loads((model_dir / "config.json").read_text())
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    kwargs: dict[str, Any] = {"trust_remote_code": False, "local_files_only": True}
-    if quant != "quark":
-        kwargs["dtype"] = getattr(torch, dtype)
-    else:  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
+    kwargs: dict[str, Any] = {"trust_remote_code": False, "local_files_only": True, "dtype": getattr(torch, dtype)}
+    if quant == "quark":  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
         from raipack.core.quark_import import import_quark
 
         import_quark()

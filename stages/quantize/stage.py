@@ -88,7 +88,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     for label, folder in (("source", source), ("quantized", quantized)):
         model, tok = load_hf(folder, dtype=dtype)
         if label == "quantized":
-            dequantize_once(model)
+            dequantize_once(model, dtype)  # in the stage's dtype, as the source runs
         out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
         out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT)
         del model

@@ -274,9 +274,63 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     assert report["matmulnbits_accuracy_levels"] == [1]
     assert report["dequantized_modules"] == 2 * 7
     assert all(len(p["tokens_onnx"]) == 32 for p in report["prompts"])
+    assert [p["positions_compared"] for p in report["prompts"]] == [8] * len(PROMPTS) and report["positions_compared"] == 8 * len(PROMPTS)
     ppl = report["perplexity"]
     assert ppl["tokens"] > 20 and abs(ppl["ratio"] - 1) < 0.02
     json.dumps(report)
+
+
+def test_parity_finds_where_the_exports_tokens_leave_transformers_greedy(oga_default, tiny_quark, monkeypatch):
+    """transformers is checked along the export's tokens from one forward: a token the export got wrong is
+    where the two greedy decodings diverge, and transformers' own choice there is reported."""
+    from raipack.runtime.ortloop import OrtDecoder
+    from raipack.stages.export.parity import parity
+
+    greedy = OrtDecoder.greedy
+
+    def wrong_at_step_3(self, ids, steps, **kw):
+        tokens, rows = greedy(self, ids, steps, **kw)
+        tokens[3] = (tokens[3] + 1) % 512
+        return tokens, rows
+
+    monkeypatch.setattr(OrtDecoder, "greedy", wrong_at_step_3)
+    report = parity(tiny_quark.quark_dir, oga_default[0], PROMPTS[:1], HELDOUT_TEXT, steps=12, positions=12)
+    p = report["prompts"][0]
+    assert not report["greedy_identical"] and p["first_divergence"] == 3 and p["positions_compared"] == 12
+    assert p["tokens_transformers"][:3] == p["tokens_onnx"][:3] and len(p["tokens_transformers"]) == 4
+    assert p["tokens_transformers"][3] == (p["tokens_onnx"][3] - 1) % 512  # the token the export had before it was changed
+
+
+def test_parity_samples_the_first_the_last_and_seeded_positions():
+    from raipack.stages.export.parity import sample_positions
+
+    sample = sample_positions(32, 8)
+    assert len(sample) == 8 and sample[0] == 0 and sample[-1] == 31 and sample == sorted(set(sample))
+    assert sample_positions(32, 8) == sample and sample_positions(32, 8, seed=1) != sample  # fixed by its seed
+    assert sample_positions(5, 8) == [0, 1, 2, 3, 4] and sample_positions(32, 2) == [0, 31]
+
+
+@pytest.mark.parametrize("key, value", [("parity_positions", 1), ("parity_positions", "8"), ("parity_steps", 0)])
+def test_a_bad_parity_setting_is_refused_in_one_sentence_naming_it(key, value):
+    from raipack.core.errors import UsageError
+    from raipack.stages.export.stage import ExportConfig, preflight
+
+    with pytest.raises(UsageError, match=rf"^\[export\]\.{key} is {value!r}; expected a whole number of at least") as exc:
+        preflight(ExportConfig(**{key: value}), {})
+    assert exc.value.exit_code == 2 and key in exc.value.hint
+
+
+def test_parity_positions_is_a_recipe_key_checked_by_the_schema(tmp_path, capsys):
+    from raipack.builder.recipe import load
+    from raipack.cli import main
+
+    assert load(None, {"export.parity_positions": 4}).stages["export"] == {"parity_positions": 4}
+    (tmp_path / "r.toml").write_text("[export]\nparity_positions = 1\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--recipe", str(tmp_path / "r.toml"), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "r.toml: /export/parity_positions is 1; expected an integer of at least 2" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_excluded_nodes_follow_quark_patterns(tiny_quark):

@@ -426,6 +426,28 @@ def test_quality_probe_budget_and_dequantized_reload(awq_export, src_with_extras
     assert q["ppl_source"] != pytest.approx(measure(src_with_extras, out, HELDOUT.read_text(), tokens=48)["ppl_source"], rel=1e-6)
 
 
+def test_quality_probe_runs_the_quantized_model_in_the_stages_dtype(awq_export):
+    """With dtype bfloat16 the reloaded export's float tensors and its dequantized linears are bfloat16
+    (not a float32 copy of every linear), and its logits stay those of the float32 reload."""
+    import torch
+
+    from raipack.runtime.quark_hf import dequantize_once
+    from raipack.stages.quantize.quality import load_hf
+
+    out, record, _ = awq_export
+    logits = {}
+    for dtype in ("float32", "bfloat16"):
+        model, tokenizer = load_hf(out, dtype=dtype)
+        assert dequantize_once(model, dtype) == record["layers_quantized"]
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        assert {p.dtype for m in linears for p in m.parameters()} == {getattr(torch, dtype)} and model.get_input_embeddings().weight.dtype == getattr(torch, dtype)
+        ids = tokenizer(HELDOUT.read_text(), return_tensors="pt", add_special_tokens=False).input_ids[:, :24]
+        with torch.inference_mode():
+            logits[dtype] = model(input_ids=ids).logits[0].float()
+    cos = torch.nn.functional.cosine_similarity(logits["float32"], logits["bfloat16"], dim=-1)
+    assert cos.min() > 0.99 and not torch.equal(logits["float32"], logits["bfloat16"])
+
+
 def test_awq_weights_differ_from_rtn(rtn_export, awq_export, src_with_extras):
     """Same model, same group size: AWQ's activation-aware scaling changes the quantized
     weights and scales of the layers it scales, and folds the scales into the norms before

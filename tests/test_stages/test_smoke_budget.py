@@ -1,0 +1,120 @@
+"""The smoke stage's budget: the export checks the package's tokens from one prefill, not a decode loop
+per prompt (OrtDecoder.forced), and keeps only the argmax of the rows it compares."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from factory import reference_export, reference_package
+from raipack.core.errors import RaipackError
+from raipack.runtime.ortloop import OrtDecoder
+
+PROMPT = [(7 * i) % 500 + 4 for i in range(700)]
+
+
+@pytest.fixture(scope="module")
+def dec():
+    return OrtDecoder(reference_export()[0], threads=1)
+
+
+def counting(monkeypatch, dec):
+    calls = []
+    forward = dec.forward
+
+    def spy(ids, past):
+        calls.append(np.asarray(ids).shape[1])
+        return forward(ids, past)
+
+    monkeypatch.setattr(dec, "forward", spy)
+    return calls
+
+
+def test_forced_gives_greedys_tokens_for_every_prefix_from_one_prefill(dec, monkeypatch):
+    want = {n: dec.greedy(PROMPT[:n], 4)[0] for n in (1, 5, 300, 700)}
+    calls = counting(monkeypatch, dec)
+    assert dec.forced(PROMPT, want, chunk_size=256) == want
+    # three calls of at most 256 positions over the longest prefix, then one call of 3 tokens per prefix
+    assert calls == [256, 256, 188, 3, 3, 3, 3]
+    assert dec.forced(PROMPT[:300], {300: want[300]}) == {300: want[300]}  # unchunked too
+
+
+def test_forced_names_the_first_token_greedy_would_change(dec):
+    want = dec.greedy(PROMPT[:40], 5)[0]
+    changed = list(want)
+    changed[2] = (want[2] + 1) % 512
+    got = dec.forced(PROMPT[:40], {40: changed})[40]
+    assert got[:3] == want[:3] and got[2] != changed[2]  # row 2 still sees want[:2]: it chooses want[2]
+
+
+def test_forced_falls_back_to_greedy_when_the_lm_head_returns_the_last_row_only(dec, monkeypatch):
+    want = {1: dec.greedy(PROMPT[:1], 3)[0], 60: dec.greedy(PROMPT[:60], 3)[0]}
+    forward = dec.forward
+    monkeypatch.setattr(dec, "forward", lambda ids, past: (lambda out: (out[0][:, -1:], out[1]))(forward(ids, past)))
+    assert dec.forced(PROMPT, want, chunk_size=32) == want
+
+
+def test_forced_refuses_an_empty_request(dec):
+    for branches in ({3: []}, {0: [5]}, {701: [5]}, {}):
+        with pytest.raises(ValueError, match="prefix lengths from 1 to the prompt's 700 tokens"):
+            dec.forced(PROMPT, branches)
+
+
+def smoke_job(**config):
+    from raipack.builder.progress import Progress
+    from raipack.core.stage import Job
+    from raipack.stages.smoke import stage
+
+    cfg = stage.SmokeConfig(perplexity=False, max_new_tokens=16, **config)
+    return Job(stage=stage.STAGE, config=cfg, inputs={"fuse": reference_package("reference-4K"), "export": reference_export()[0]},
+               workdir=Path(tempfile.mkdtemp()), profile={}, recipe=SimpleNamespace(model=None, expected_answer=None), progress=Progress("quiet"))
+
+
+def test_smoke_checks_every_tier_against_one_export_prefill(monkeypatch):
+    from raipack.stages.smoke import stage
+
+    calls = []
+    forward = OrtDecoder.forward
+    monkeypatch.setattr(OrtDecoder, "forward", lambda self, ids, past: calls.append(np.asarray(ids).shape[1]) or forward(self, ids, past))
+    report = stage.run(smoke_job())
+    assert report["finite"] and report["tokens_match_export"]
+    tiers = report["tiers"]
+    assert [t["tier"] for t in tiers] == [1, 128, 256, 512, 768, 1024, 4096] and all(t["tokens_match_export"] for t in tiers)
+    longest, chunk = tiers[-1]["prompt_tokens"], stage.EXPORT_CHUNK
+    # the fixed prompt: its prefill, then one call over the package's other 15 tokens; the tiers: the longest
+    # prompt in chunks, then one call over tier_new_tokens - 1 tokens per tier; never a decode loop
+    assert calls[1:] == [15] + [chunk] * (longest // chunk) + [longest % chunk] + [3] * len(tiers)
+    assert calls[0] > 1 and 1 not in calls
+
+def test_a_tier_whose_tokens_differ_from_the_export_fails_the_smoke_stage(monkeypatch):
+    from raipack.runtime import chat
+    from raipack.stages.smoke import stage
+
+    generate = chat.timed_generate
+
+    def wrong_at_tier_128(runtime, ids, n, stop_at_eos=True):
+        out = generate(runtime, ids, n, stop_at_eos)
+        if len(ids) == 125:  # the package "chooses" another last token at tier 128
+            out.tokens[-1] = (out.tokens[-1] + 1) % 512
+        return out
+
+    monkeypatch.setattr(chat, "timed_generate", wrong_at_tier_128)
+    with pytest.raises(RaipackError, match="prefill tier 128: tokens differ from the export"):
+        stage.run(smoke_job(tiers="all", max_tier=512))
+
+
+def test_the_bench_compares_old_and_new_on_the_tiny_package(capsys):
+    """bench/smoke_export.py runs (its default inputs: this package and export) and finds the same tokens both ways."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import smoke_export
+
+    assert smoke_export.main(["--repeat", "1", "--package", str(reference_package("reference-4K")), "--export", str(reference_export()[0])]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert " 92 calls" in lines["old"] and " 17 calls" in lines["new"] and "CPU ratio  1.00" in lines["old"]

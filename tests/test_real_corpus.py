@@ -47,11 +47,18 @@ def test_every_corpus_package_has_a_row_and_a_provenance():
         assert kept == {rel for rel, e in prov["files"].items() if e.get("kept", "").startswith("verbatim")}, name
 
 
+def _publisher(source: dict) -> str:
+    """Who a source's content comes from: a thread's author, else the repository's owner (two copies by one owner are one source)."""
+    return source.get("author") or source["repository"].split("/")[0]
+
+
 def test_the_corpus_comes_from_four_independent_public_sources():
-    sources = {provenance(n)["source"]["repository"] for n in packages()}
-    sources |= {provenance(n)["edit"]["repository"] for n in packages() if "edit" in provenance(n)}
-    sources |= {s["repository"] for s in json.loads((REAL / "folder_names.json").read_text())["sources"].values()}
-    assert len(sources) >= 4, sources
+    sources = [provenance(n)["source"] for n in packages()]
+    sources += [provenance(n)["edit"] for n in packages() if "edit" in provenance(n)]
+    sources += json.loads((REAL / "folder_names.json").read_text())["sources"].values()
+    assert all(s.get("commit") or s.get("thread") for s in sources), "every source names a commit or a thread"
+    publishers = {_publisher(s) for s in sources}
+    assert len(publishers) >= 4, publishers
 
 
 @pytest.mark.parametrize("name", packages())

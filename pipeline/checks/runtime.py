@@ -164,6 +164,6 @@ def _reach(ctx, rel: str, wfe, extents):
     which = "its one weight" if len(extents) == 1 else f"{len(beyond)} of its {len(extents)} weights"
     furthest = "" if len(beyond) == 1 else ", the furthest"
     yield ctx.finding(wfe.rel, f"is {size} bytes{told}, but {rel} places {which} beyond that{furthest} "
-                      f"(node {last.node}, tensor {last.index}) at bytes {last.offset} to {last.end}: the runtime reads past the end of the file "
+                      f"(node {last.node}, tensor {last.position}) at bytes {last.offset} to {last.end}: the runtime reads past the end of the file "
                       "(on Linux it stops with 'Failed to read'; on Windows the read is not checked and the weights are left unfilled)",
                       COPY)

@@ -24,7 +24,7 @@ class HeaderError(ValueError):
 
 class Extent(NamedTuple):
     node: str  # the operator (graph node) the tensor belongs to
-    index: int  # its place in the operator's data list
+    position: int  # its place in the operator's data list (not `index`: tuple has one)
     offset: int
     size: int
 
@@ -70,7 +70,7 @@ class _Reader:
             spec = fields.get(str(number))
             ftype = spec[1] if spec else ""
             if ftype == "packed_int64" and wire in (0, 2):
-                if wire == 2:
+                if wire == 2 and isinstance(value, tuple):
                     self.packed(*value)
             elif spec is None or WIRE.get(ftype) != wire:
                 if unknown is not None:  # kept aside by protobuf (a known number with another wire type too)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from raipack.core.errors import RaipackError
+from raipack.core.quark_import import import_quark
 from raipack.data import load_data
 from raipack.stages.quantize.preflight import HINT
 
@@ -26,6 +27,7 @@ def awq_data() -> dict[str, Any]:
 
 def template(model_type: str | None, where: str) -> Any:
     """Quark's LLMTemplate for ``model_type``; registered from data/awq.json when Quark has none."""
+    import_quark()  # never hangs on a killed build's compile lock, and skips most of Quark's import scan
     from quark.torch import LLMTemplate
 
     if model_type not in LLMTemplate.list_available():
@@ -39,6 +41,7 @@ def template(model_type: str | None, where: str) -> Any:
 
 def awq_config(model_type: str | None) -> tuple[Any, str]:
     """(the AWQ config to pass to Quark, or None for Quark's own; where the groups come from)."""
+    import_quark()
     from quark.torch.quantization.config.algo_configs import get_algo_config
 
     if get_algo_config("awq", model_type or "") is not None:

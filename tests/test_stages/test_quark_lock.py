@@ -238,3 +238,46 @@ def test_quark_imported_without_its_kernel_names_the_folder_to_rebuild(monkeypat
     with pytest.raises(RaipackError, match=r"without its compiled kernel .* extension folder .*quark_hw_emulation_stable_abi is incomplete") as info:
         quark_import.import_quark()
     assert "delete" in info.value.hint and "quark.torch" not in sys.modules and "quark" not in sys.modules
+
+
+
+def test_the_experts_scan_prefilter_parses_only_for_quark_and_is_undone():
+    """Only Quark's experts scan gets the empty module, only for a source without the decorator's
+    name; any other caller parses as before, and ast.parse is restored after the block."""
+    import ast
+
+    plain = "class A:\n    pass\n"
+    named = f"@{quark_lock.EXPERTS_DECORATOR}\nclass B:\n    pass\n"
+    scan = {"__name__": quark_lock.EXPERTS_SCAN, "ast": ast}  # a frame that looks like Quark's module
+    other = {"__name__": "somebody.else", "ast": ast}
+    original = ast.parse
+    with quark_lock._experts_scan_prefiltered():
+        assert eval("ast.parse(src)", scan, {"src": plain}).body == []
+        assert [n.name for n in eval("ast.parse(src)", scan, {"src": named}).body] == ["B"]
+        assert [n.name for n in eval("ast.parse(src)", other, {"src": plain}).body] == ["A"]
+        with pytest.raises(SyntaxError):  # a source that names the decorator is really parsed
+            eval("ast.parse(src)", scan, {"src": named + "class"})
+    assert ast.parse is original
+
+
+def test_quark_imported_through_raipack_registers_every_decorated_experts_class():
+    """Every class a full parse of every transformers modeling file finds (the scan's own rule,
+    applied here without the prefilter) is in the registry Quark's scan fills."""
+    import ast
+    from pathlib import Path
+
+    import transformers
+
+    quark_lock.import_quark(say=None)
+    from quark.torch.utils.llm.module_replacement import quark_experts
+
+    root = Path(transformers.__file__).resolve().parent
+    want = set()
+    for path in (root / "models").rglob("modeling_*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(d, "id", None) == quark_lock.EXPERTS_DECORATOR or getattr(getattr(d, "func", None), "id", None) == quark_lock.EXPERTS_DECORATOR
+                    for d in node.decorator_list):
+                want.add(("transformers." + ".".join(path.relative_to(root).with_suffix("").parts), node.name))
+    got = {(k.__module__, k.__name__) for k in quark_experts.PREPROCESS_REGISTRY}  # also what Quark registers by name (GptOssExperts)
+    assert len(want) > 20 and want - got == set()

@@ -231,8 +231,10 @@ def test_cli_records_estimate_next_to_measured_peak(tiny_llama, tmp_path):
     mem, peak = report["memory"], report["peak_rss_bytes"]
     assert mem["available_source"] == "MemAvailable" and mem["available_bytes"] > 0
     assert mem["estimate_bytes"] == mem["breakdown"]["total"]
-    # measured: the estimate covers the peak of quantize() (imports, load, AWQ, export) ...
-    assert mem["estimate_bytes"] >= peak, (mem, peak)
+    # measured: the estimate is within issue 25's 1.5x of the peak of quantize() (imports, load, AWQ,
+    # export); it covered it here (0.95 GiB peak, 1.37 estimated), but two clean-clone CI runs measured
+    # 1.59 GiB for this build, cause not found (docs/memory.md, "Known gap") ...
+    assert 1.5 * mem["estimate_bytes"] >= peak, (mem, peak)
     # ... and its model-dependent part (dominated by the clipping search here) is not a wild overestimate
     modelled = mem["estimate_bytes"] - mem["breakdown"]["overhead"]
     assert modelled >= mem["activation_terms"]["clip_search"] > 200 * 2**20

@@ -121,12 +121,12 @@ class Estimate:
             f"  weights      {gib(self.weights)}",
             f"  activations  {gib(self.activations)}"
             + "".join(f"\n    {k:<14} {gib(v)}" for k, v in self.terms.items() if v),
-            f"  quantized    {gib(self.quantized_copy)} (fake-quantized copy of the linears)",
+            f"  quantized    {gib(self.quantized_copy)} (a copy of the linears held to the end; none since freeze() is skipped)",
             f"  export       {gib(self.export)}",
             f"  loading      {gib(self.loading)} (conversion from the file's dtype)",
             f"  overhead     {gib(self.overhead)}",
-            f"  total        {gib(self.total)} = (weights + max(loading, quantized + max(activations, export)))"
-            f" x {self.safety_factor} + overhead",
+            f"  total        {gib(self.total)} = weights + max(loading, quantized + max(activations x {self.safety_factor}, export))"
+            " + overhead",
         ]
         return "\n".join(out).split("\n")
 
@@ -183,11 +183,13 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
     copy = int(data["quantized_copy"]["copies"] * quantized * b)
     # loading (file pages next to the new tensors) comes first; the fake-quantized copy grows
     # layer by layer during calibration and is complete for the export
-    model_dependent = weights + max(loading, copy + max(activations, export))
+    # The weights are the file's size, exactly; the factor covers what the tuned allocator's heap adds to the
+    # calibration's temporaries (the export runs after that tuning ends: runtime.release_memory).
+    factor = data["safety_factor"]["value"]
+    model_dependent = weights + max(loading, copy + max(math.ceil(factor * activations), export))
     overhead_mib = data["overhead_mib"]["cpu"] + (data["overhead_mib"]["cuda_context"] if device == "cuda" else 0)
     overhead = overhead_mib * MIB
-    factor = data["safety_factor"]["value"]
-    total = math.ceil(factor * model_dependent) + overhead
+    total = model_dependent + overhead
     return Estimate(params=params, dtype=dtype, device=device, algorithm=algorithm, num_samples=n, seq_len=L,
                     weights=weights, activations=activations, export=export, quantized_copy=copy, loading=loading, overhead=overhead,
                     safety_factor=factor, total=total, terms=terms)

@@ -203,6 +203,25 @@ def check_source_dir(src_dir: Path) -> list[str]:
     return []
 
 
+# [quantize].dtype = "auto": the dtype the model is held and quantized in, from the source's config.json
+# (AMD's Ryzen AI checkpoints are quantized from bfloat16: "-bf16-" in their names, "BF16 activations" in
+# their cards). A bfloat16 source stays bfloat16 (half a float32 copy's memory; Quark's CPU examples run
+# AWQ with --data_type bfloat16); float16 becomes bfloat16 on the CPU (same 2 bytes, a wider range, CPU
+# kernels for it) and stays float16 on a GPU; float32 or an unnamed dtype is float32.
+AUTO_DTYPE = {("bfloat16", "cpu"): "bfloat16", ("bfloat16", "cuda"): "bfloat16", ("float16", "cpu"): "bfloat16", ("float16", "cuda"): "float16"}
+
+
+def resolve_dtype(dtype: str, model_config_or_dir: Any, device: str = "cpu") -> str:
+    """The dtype the quantize stage holds the model in: ``dtype`` itself, or for ``"auto"`` the source's
+    (config.json's ``torch_dtype``/``dtype``, AUTO_DTYPE), float32 when it names none."""
+    if dtype != "auto":
+        return dtype
+    cfg = read_config(model_config_or_dir)
+    text = text_config(cfg)
+    source = cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+    return AUTO_DTYPE.get((str(source), device), "float32")
+
+
 def resolve_lm_head(model_config_or_dir: Any, lm_head: Any, where: str = "config.json") -> LmHead:
     """``"exclude"`` or the group size lm_head is quantized with; one sentence when it cannot be.
 

@@ -28,14 +28,24 @@ from typing import Any
 from raipack.core.errors import RaipackError
 from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.stages.quantize import awq_groups
-from raipack.stages.quantize.preflight import HINT, GroupSize, LmHead, check_source_dir, read_config, resolve_group_size, resolve_lm_head, text_config
+from raipack.stages.quantize.preflight import (
+    HINT,
+    GroupSize,
+    LmHead,
+    check_source_dir,
+    read_config,
+    resolve_dtype,
+    resolve_group_size,
+    resolve_lm_head,
+    text_config,
+)
 from raipack.stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
 from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory, restore_denormals
 
 Progress = Callable[[str, int, int], None]
 
 ALGORITHMS = ("awq", "gptq", "rtn")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # Default calibration, chosen by measurement (docs/measurements/quantize.md): AWQ on the
 # example model (SmolLM2-135M, 30 layers) takes 6.0 min wall on 2 shared cores with the
@@ -115,7 +125,7 @@ class QuantizeSettings:
     calib_texts: list[str] | None = None
     num_samples: int = DEFAULT_NUM_SAMPLES
     seq_len: int = DEFAULT_SEQ_LEN
-    dtype: str = "float32"
+    dtype: str = "auto"  # "auto": the source's (preflight.resolve_dtype)
     device: str = "cpu"
     progress: Progress | None = None
     tune_runtime: bool = True
@@ -158,6 +168,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
     # -- cheap checks, before torch is even imported
     cfg, chosen, warns = _check_inputs(src_dir, out_dir, algorithm, dtype, group_size, exclude)
     head = resolve_lm_head(cfg, opts.lm_head, str(src_dir / "config.json"))
+    dtype = resolve_dtype(dtype, cfg, device)
     if head != "exclude":
         exclude = [e for e in exclude if e != "lm_head"]
     model_type = text_config(cfg).get("model_type") or cfg.get("model_type")
@@ -181,7 +192,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
                          "(the export says tie_word_embeddings false and carries both tables)")
         load_seconds = time.perf_counter() - t_load
 
-        def awq_record(scaled: list) -> dict:  # before freeze and export: AWQ that scaled nothing writes nothing
+        def awq_record(scaled: list) -> dict:  # before the export: AWQ that scaled nothing writes nothing
             configured = awq_groups.configured_groups(model_type, qconfig.algo_config[0])
             record = awq_groups.summarize(configured, scaled, text_config(cfg).get("num_hidden_layers"), awq_source)
             warns.extend(awq_groups.check_applied(record, model_type, str(src_dir)))
@@ -204,6 +215,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
             "lm_head": head if head == "exclude" else {"group_size": head, "scheme": f"uint4_wo_{head}", "untied_from_embedding": untied},
             "awq": awq,
             "dtype": dtype,
+            "dtype_requested": opts.dtype,
             "device": device,
             "model_type": model_type,
             "layers_quantized": len(out["quantized"]),
@@ -309,7 +321,7 @@ def _untie_lm_head(model: Any) -> bool:
 
 
 def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: dict) -> dict[str, Any]:
-    """Quark's quantize, freeze and export into ``out_dir`` (new or empty), then the files Quark does not write.
+    """Quark's quantize and export into ``out_dir`` (new or empty), then the files Quark does not write.
     ``run.awq_record`` gets the groups AWQ scaled right after quantization and may refuse them (nothing is written then)."""
     model, run.model = run.model, None  # this function holds the only reference: the float model is freed once quantized
     qconfig, batches, progress, awq_record = run.qconfig, run.batches, run.progress, run.awq_record
@@ -324,7 +336,13 @@ def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: 
             quantizer = ModelQuantizer(qconfig)
             model = quantizer.quantize_model(model, batches)
             awq = awq_record(scaled) if awq_record else None
-            model = quantizer.freeze(model)
+        # No freeze(): Quark documents it for torch.compile, and export_safetensors quantizes each QuantLinear
+        # itself. freeze() first wrote every quantized linear again as a fake-quantized copy (+1.8x the linears'
+        # size measured on Llama-3.2-1B in bfloat16) that the export then rounded a second time (in bfloat16 that
+        # moved 0.7% of the packed words; in float32 the export is identical, tests/test_stages/test_quantize.py).
+        # The allocator tuning that keeps AWQ's calibration fast ends here: kept through the export, freed
+        # temporaries stayed in the heap beside the packed weights (+2.3 GiB at 1B, the same export time).
+        release_memory()
         quantize_seconds = time.perf_counter() - t_q
         t_e = time.perf_counter()
         export_safetensors(model, str(tmp), custom_mode="quark", weight_format="real_quantized", pack_method="reorder")

@@ -23,7 +23,7 @@ class QuantizeConfig:
     calib_data: str | None = None  # .txt or .jsonl; default: the corpus raipack ships
     num_samples: int = DEFAULT_NUM_SAMPLES
     seq_len: int = DEFAULT_SEQ_LEN
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # "auto": the source's, bfloat16 kept (preflight.resolve_dtype)
     device: Literal["cpu", "cuda"] = "cpu"
     max_ppl_increase: float | None = None  # fail when quantized/source perplexity - 1 exceeds this
     quality: bool = True  # measure perplexity and the greedy answer
@@ -51,7 +51,7 @@ def run(job: Job) -> dict:
         if cfg.quality_tokens < 2:
             raise UsageError(f"[quantize].quality_tokens is {cfg.quality_tokens}; expected at least 2 (perplexity scores the tokens after the first)",
                              "set quality_tokens to 256 (the default), or quality = false to skip the probes")
-        report["quality"] = measure(src, job.workdir, heldout_text(), dtype=cfg.dtype, tokens=cfg.quality_tokens)
+        report["quality"] = measure(src, job.workdir, heldout_text(), dtype=report["dtype"], tokens=cfg.quality_tokens)
         ratio = report["quality"]["ppl_increase"]
         if cfg.max_ppl_increase is not None and ratio > cfg.max_ppl_increase:
             q = report["quality"]
@@ -111,10 +111,11 @@ def memory(config: QuantizeConfig, model_config: dict | None, target: Profile) -
     """The estimate from config.json and the options (stages/quantize/memory.py); the runner refuses the stage
     before it loads anything when it exceeds the free memory. No config.json: ValueError (the registry's allowance)."""
     from raipack.stages.quantize.memory import stage_estimate
+    from raipack.stages.quantize.preflight import resolve_dtype
 
     if model_config is None:
         raise ValueError("no config.json to estimate from")
-    return stage_estimate(model_config, dtype=config.dtype, device=config.device, num_samples=config.num_samples,
+    return stage_estimate(model_config, dtype=resolve_dtype(config.dtype, model_config, config.device), device=config.device, num_samples=config.num_samples,
                           seq_len=config.seq_len, algorithm=config.algorithm)
 
 

@@ -550,3 +550,76 @@ def test_calibration_missing_file_and_too_little_text(tmp_path, tiny_tokenizer):
     small.write_text("A few words only.\n")
     with pytest.raises(RaipackError, match=r"small\.txt: \d+ tokens give 0 windows of 512 tokens, 2 samples"):
         _calibration_samples(small, tiny_tokenizer, 2, 512)
+
+
+# ----------------------------------------------------------------- dtype "auto", and the export without freeze()
+
+
+@pytest.mark.parametrize(("config", "device", "expected"), [
+    ({"torch_dtype": "bfloat16"}, "cpu", "bfloat16"),
+    ({"dtype": "bfloat16"}, "cuda", "bfloat16"),  # transformers 5 writes "dtype"
+    ({"torch_dtype": "float16"}, "cpu", "bfloat16"),
+    ({"torch_dtype": "float16"}, "cuda", "float16"),
+    ({"torch_dtype": "float32"}, "cpu", "float32"),
+    ({}, "cpu", "float32"),
+    ({"model_type": "gemma3", "text_config": {"torch_dtype": "bfloat16"}}, "cpu", "bfloat16"),
+])
+def test_auto_dtype_follows_the_source(config, device, expected):
+    from raipack.stages.quantize.preflight import resolve_dtype
+
+    assert resolve_dtype("auto", config, device) == expected
+    assert resolve_dtype("float32", config, device) == "float32"  # an explicit dtype is kept
+
+
+def test_stage_estimate_uses_the_resolved_dtype():
+    """The runner's estimate for the default dtype counts a bfloat16 source's weights at 2 bytes."""
+    from raipack.npu import profile
+    from raipack.stages.quantize.stage import STAGE, QuantizeConfig
+
+    cfg = {**SMOLLM2_SHAPE, "torch_dtype": "bfloat16", "tie_word_embeddings": True}
+    target = profile.get("1.8.0-npu-16K")
+    auto = STAGE.memory(QuantizeConfig(algorithm="rtn"), cfg, target)
+    f32 = STAGE.memory(QuantizeConfig(algorithm="rtn", dtype="float32"), cfg, target)
+    assert "in bfloat16" in auto.basis and "in float32" in f32.basis
+    assert auto.bytes < f32.bytes
+
+
+def test_bfloat16_source_is_quantized_in_bfloat16(tiny_llama, tmp_path):
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.bfloat16).save_pretrained(src)
+    AutoTokenizer.from_pretrained(str(tiny_llama)).save_pretrained(src)
+    record = quantize(src, tmp_path / "q", algorithm="rtn", group_size=128)
+    assert (record["dtype"], record["dtype_requested"]) == ("bfloat16", "auto")
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), framework="pt") as st:
+        assert st.get_tensor("model.layers.0.self_attn.q_proj.weight_scale").dtype == torch.bfloat16
+        assert st.get_tensor("model.layers.0.self_attn.q_proj.weight").dtype == torch.int32
+
+
+def test_export_without_freeze_is_the_frozen_export_in_float32(awq_export, src_with_extras, tmp_path, monkeypatch):
+    """quantize() exports without Quark's freeze() (documented for torch.compile; it wrote a fake-quantized
+    copy of every linear that the export rounded again). In float32 the packed tensors are the ones a
+    freeze-then-export writes, bit for bit: AWQ with the awq_export fixture's settings, frozen this time."""
+    import torch
+    from quark.torch import ModelQuantizer
+    from safetensors.torch import load_file
+
+    original = ModelQuantizer.quantize_model
+    frozen = []
+
+    def quantize_then_freeze(self, model, *args, **kwargs):
+        model = original(self, model, *args, **kwargs)
+        frozen.append(True)
+        return ModelQuantizer.freeze(model)
+
+    monkeypatch.setattr(ModelQuantizer, "quantize_model", quantize_then_freeze)
+    out = tmp_path / "frozen"
+    quantize(src_with_extras, out, algorithm="awq", group_size="auto", num_samples=3, seq_len=32)
+    assert frozen == [True]
+    mine, theirs = load_file(str(awq_export[0] / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(mine) == set(theirs)
+    differ = [k for k in mine if not torch.equal(mine[k], theirs[k])]
+    assert differ == []

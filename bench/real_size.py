@@ -224,8 +224,8 @@ def write_recipe(model: Path, algorithm: str, out_root: Path, tmp: Path, smoke_m
     return recipe
 
 
-def build_stages(recipe: Path, algorithm: str, out_root: Path, env: dict, tmp: Path, on_row=None) -> list[dict]:
-    """Each stage of `recipe` in a process of its own (`--until STAGE`; the earlier ones are cache hits);
+def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dict, tmp: Path, on_row=None) -> list[dict]:
+    """Each stage of `raipack build BUILD_ARGS` (the recipe and flags) in a process of its own (`--until STAGE`; the earlier ones are cache hits);
     `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows)."""
     from raipack.builder import stages
 
@@ -233,13 +233,13 @@ def build_stages(recipe: Path, algorithm: str, out_root: Path, env: dict, tmp: P
     for name in stages.order():
         if stages.get(name).kind == stages.MODEL_KIND:
             continue  # the model folder stands in for the source stage
-        run = measured(["build", "--recipe", str(recipe), "--until", name, "--json-log"], env, tmp)
+        run = measured(["build", *build_args, "--until", name, "--json-log"], env, tmp)
         event = next((e for e in _events(run["stderr"]) if e.get("event") == "stage" and e.get("stage") == name), {})
         report = stage_report(out_root, name) if run["rc"] == 0 else {}
         memory = report.get("memory") or {}
         row = {"algorithm": algorithm, "stage": name, "status": event.get("status", "failed"), "stage_s": event.get("seconds"),
                "process_s": round(run["wall_s"], 1), "cpu_s": run["cpu_s"], "peak_rss": run["peak_rss"], "peak_anon": run["peak_anon"],
-               "estimate": memory.get("estimate_bytes"), "tool_s": tool_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"]}
+               "estimate": memory.get("estimate_bytes"), "available": memory.get("available_bytes"), "memory_ignored": bool(memory.get("ignored")), "tool_s": tool_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"]}
         rows.append(row)
         print(_stage_line(row), flush=True)
         if on_row is not None:
@@ -358,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="2 small layers instead of the real dimensions (a check of the script)")
     ap.add_argument("--algorithms", default="rtn,awq", help="comma-separated, in order (default rtn,awq)")
     ap.add_argument("--smoke-max-tier", type=int, help="[smoke] max_tier for the build (default: the stage's)")
+    ap.add_argument("--ignore-memory", action="store_true",
+                    help="pass --ignore-memory to raipack build: run a stage its estimate refuses, to measure the peak the estimate is judged by")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder)")
     ap.add_argument("--table", type=Path, metavar="JSON", help="only print the Markdown tables of a result file (bench/out/real_size_<model>.json)")
     args = ap.parse_args(argv)
@@ -387,7 +389,8 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     for algorithm in args.algorithms.split(","):
         out_root = work / f"build-{algorithm}"
         recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
-        rows = build_stages(recipe, algorithm, out_root, env, work, on_row=lambda row: (result["rows"].append(row), save(result, target)))
+        build_args = ["--recipe", str(recipe), *(["--ignore-memory"] if args.ignore_memory else [])]
+        rows = build_stages(build_args, algorithm, out_root, env, work, on_row=lambda row: (result["rows"].append(row), save(result, target)))
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]
         if not pkgs or any(r["rc"] for r in rows):
             continue

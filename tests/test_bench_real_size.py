@@ -72,7 +72,7 @@ def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))  # no weights: refused before any stage
     recipe = real_size.write_recipe(model, "rtn", tmp_path / "out", tmp_path, None)
-    rows = real_size.build_stages(recipe, "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")}, tmp_path)
+    rows = real_size.build_stages(["--recipe", str(recipe)], "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")}, tmp_path)
     assert len(rows) == 1 and rows[0]["rc"] == 2 and rows[0]["status"] == "failed"
     assert "safetensors" in rows[0]["error"]
 

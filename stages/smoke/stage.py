@@ -65,6 +65,8 @@ def prompt_lengths(tiers: list[int], max_prompt: int, max_tier: int, new_tokens:
 
 
 def run(job: Job) -> dict:
+    import gc
+
     from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
     from raipack.runtime.ortloop import OrtDecoder
     from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
@@ -89,13 +91,10 @@ def run(job: Job) -> dict:
     if runtime is None:
         return _summarize(report)
 
-    reference = OrtDecoder(export, threads=cfg.threads)
     main = timed_generate(runtime, fixed, cfg.max_new_tokens, stop_at_eos=False)
-    expected = reference.forced(fixed, {len(fixed): main.tokens}, EXPORT_CHUNK)[len(fixed)]  # two export calls, not a decode loop
     answer_tokens = main.tokens[: next((i + 1 for i, t in enumerate(main.tokens) if t in runtime.eos_token_ids), len(main.tokens))]
     report.update(answer=tok.decode(answer_tokens, skip_special_tokens=True).strip(), finite=main.finite,
-                  tokens_match_export=list(main.tokens) == list(expected), ttft_s={str(len(fixed)): round(main.ttft, 4)},
-                  decode_tokens_per_s=round(main.decode_tps, 1))
+                  ttft_s={str(len(fixed)): round(main.ttft, 4)}, decode_tokens_per_s=round(main.decode_tps, 1))
     per_tier = []
     if cfg.tiers not in ("scaled", "all"):
         raise UsageError(f"[smoke].tiers is {cfg.tiers!r}; expected \"scaled\" or \"all\"", "set tiers in the recipe, or --smoke scaled|all")
@@ -108,11 +107,6 @@ def run(job: Job) -> dict:
             per_tier.append({"tier": t, "prompt_tokens": length, "prefill_calls": runtime.prefill_calls(), "ttft_s": round(got.ttft, 4), "finite": got.finite, "tokens": got.tokens})
             report["ttft_s"][str(length)] = round(got.ttft, 4)
             advance()
-    # the export's choices for every tier from one prefill of the longest prompt (see OrtDecoder.forced)
-    want = reference.forced(longest, {t["prompt_tokens"]: t["tokens"] for t in per_tier}, EXPORT_CHUNK) if per_tier else {}
-    for t in per_tier:
-        t["tokens_match_export"] = list(t.pop("tokens")) == want[t["prompt_tokens"]]
-    report["tiers"] = per_tier
     over = runtime.max_prompt_length + 1
     try:
         runtime.generate([tok.eos_token_id or 0] * over, 1)
@@ -122,6 +116,19 @@ def run(job: Job) -> dict:
         report["overlong_prompt_message"] = str(exc)
     if cfg.perplexity:
         _perplexities(report, runtime, tok, fixed, cfg, job.progress)
+    # One model at a time: the package's weights are freed before the export's are loaded (at 8B each is
+    # ~8 GiB; held together they were the stage's peak). The export checks the package's tokens afterwards.
+    del runtime
+    gc.collect()
+    reference = OrtDecoder(export, threads=cfg.threads)
+    expected = reference.forced(fixed, {len(fixed): main.tokens}, EXPORT_CHUNK)[len(fixed)]  # two export calls, not a decode loop
+    report["tokens_match_export"] = list(main.tokens) == list(expected)
+    # the export's choices for every tier from one prefill of the longest prompt (see OrtDecoder.forced)
+    want = reference.forced(longest, {t["prompt_tokens"]: t["tokens"] for t in per_tier}, EXPORT_CHUNK) if per_tier else {}
+    for t in per_tier:
+        t["tokens_match_export"] = list(t.pop("tokens")) == want[t["prompt_tokens"]]
+    report["tiers"] = per_tier
+    del reference
     report["peak_rss_mib"] = round(peak_rss_mib(), 1)
     report["expected_answer"] = job.recipe.expected_answer
     problems = _problems(report, job.recipe.expected_answer)

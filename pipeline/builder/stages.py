@@ -63,10 +63,16 @@ def allowance(name: str, model_config: dict | None, profile: Profile) -> MemoryE
         params = parameter_count(model_config) if model_config is not None else 0
     except ValueError:
         params = 0
-    vocab = text_config(model_config).get("vocab_size") if params else 0
+    text = text_config(model_config) if params else {}
+    vocab = text.get("vocab_size") if isinstance(text.get("vocab_size"), int) else 0
+    hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else 0
+    tied = bool(text.get("tie_word_embeddings", (model_config or {}).get("tie_word_embeddings", False)))
     tier = max(profile.buckets.prefill or (0,))
-    weights, logits = 4 * params, 4 * (vocab if isinstance(vocab, int) else 0) * tier
-    total = int(rule["base"] + rule.get("per_weight_byte", 0) * weights + rule.get("per_logit_byte", 0) * logits)
+    # float32 bytes: the embedding table(s) (one when tied; the export keeps them float) and the rest
+    tables = 4 * vocab * hidden * (1 if tied else 2) if "per_table_byte" in rule else 0
+    weights, logits = 4 * params - tables, 4 * vocab * tier
+    total = int(rule["base"] + rule.get("per_weight_byte", 0) * weights + rule.get("per_table_byte", 0) * tables
+                + rule.get("per_logit_byte", 0) * logits)
     basis = f"raipack's allowance for {params / 1e9:.3f}B parameters" if params else "raipack's allowance before the model's config.json is known"
     if logits and rule.get("per_logit_byte"):
         basis += f", prefill logits {gib(logits)} at {tier} tokens"

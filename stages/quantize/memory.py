@@ -121,7 +121,7 @@ class Estimate:
             f"  weights      {gib(self.weights)}",
             f"  activations  {gib(self.activations)}"
             + "".join(f"\n    {k:<14} {gib(v)}" for k, v in self.terms.items() if v),
-            f"  quantized    {gib(self.quantized_copy)} (a copy of the linears held to the end; none since freeze() is skipped)",
+            f"  quantized    {gib(self.quantized_copy)} (copies of the linears the algorithm holds until the export: AWQ/GPTQ write them in place)",
             f"  export       {gib(self.export)}",
             f"  loading      {gib(self.loading)} (conversion from the file's dtype)",
             f"  overhead     {gib(self.overhead)}",
@@ -180,7 +180,7 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
     source_dtype = config_json.get("torch_dtype") or config_json.get("dtype") or dtype
     source_b = data["bytes_per_dtype"].get(source_dtype, b)
     loading = 0 if source_dtype == dtype else int(data["load"]["converted_file_fraction"] * params * source_b)
-    copy = int(data["quantized_copy"]["copies"] * quantized * b)
+    copy = int(data["quantized_copy"]["copies"][algorithm] * quantized * b)
     # loading (file pages next to the new tensors) comes first; the fake-quantized copy grows
     # layer by layer during calibration and is complete for the export
     # The weights are the file's size, exactly; the factor covers what the tuned allocator's heap adds to the

@@ -22,9 +22,11 @@ from raipack.npu.dims import parameter_count
 LLAMA_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
             "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+LLAMA_3B = {**LLAMA_1B, "hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 24, "head_dim": 128}
 LLAMA_8B = {**LLAMA_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "head_dim": 128, "tie_word_embeddings": False}
 # measured peaks (VmHWM) of those models' stages, random weights, RTN, issue 25's code: docs/measurements/real_size.md
 MEASURED = {"llama-3.2-1b": (LLAMA_1B, {"quantize": 4.04 * GIB, "export": 6.25 * GIB, "fuse": 0.85 * GIB, "smoke": 5.07 * GIB}),
+            "llama-3.2-3b": (LLAMA_3B, {"quantize": 8.94 * GIB, "export": 12.62 * GIB, "fuse": 1.78 * GIB}),
             "llama-3.1-8b": (LLAMA_8B, {"quantize": 19.32 * GIB, "export": 20.70 * GIB, "fuse": 3.85 * GIB, "smoke": 11.84 * GIB}),
             "llama-3.2-1b-awq": (LLAMA_1B, {"quantize": 6.46 * GIB})}  # AWQ, 1 x 16 calibration tokens
 

@@ -71,12 +71,27 @@ def allowance(name: str, model_config: dict | None, profile: Profile) -> MemoryE
     # float32 bytes: the embedding table(s) (one when tied; the export keeps them float) and the rest
     tables = 4 * vocab * hidden * (1 if tied else 2) if "per_table_byte" in rule else 0
     weights, logits = 4 * params - tables, 4 * vocab * tier
+    # float32 keys and values of every layer at the profile's longest KV length (the runtime's static buffer)
+    kv = 4 * 2 * kv_width(text) * max(profile.buckets.token or profile.buckets.prefill or (0,)) if "per_kv_byte" in rule else 0
     total = int(rule["base"] + rule.get("per_weight_byte", 0) * weights + rule.get("per_table_byte", 0) * tables
-                + rule.get("per_logit_byte", 0) * logits)
+                + rule.get("per_logit_byte", 0) * logits + rule.get("per_kv_byte", 0) * kv)
     basis = f"raipack's allowance for {params / 1e9:.3f}B parameters" if params else "raipack's allowance before the model's config.json is known"
     if logits and rule.get("per_logit_byte"):
         basis += f", prefill logits {gib(logits)} at {tier} tokens"
+    if kv:
+        basis += f", KV cache {gib(kv)}"
     return MemoryEstimate(total, basis, details={"rule": rule, "parameters": params})
+
+
+def kv_width(text: dict) -> int:
+    """Layers x KV heads x head size of a text config (0 when a size is missing)."""
+    sizes = [text.get(k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads")]
+    if not all(isinstance(v, int) and v > 0 for v in sizes):
+        return 0
+    layers, hidden, heads = sizes
+    kv_heads = text.get("num_key_value_heads") if isinstance(text.get("num_key_value_heads"), int) else heads
+    head_dim = text.get("head_dim") if isinstance(text.get("head_dim"), int) else hidden // heads
+    return layers * kv_heads * head_dim
 
 
 def model_config_of(folders: list[Path]) -> dict | None:

@@ -16,7 +16,7 @@ from raipack.core.errors import UsageError
 from raipack.core.memory import gib
 from raipack.core.stage import MemoryEstimate, Stage
 from raipack.data import load_data
-from raipack.npu.dims import parameter_count, text_config
+from raipack.npu.dims import kv_width, parameter_count, text_config
 from raipack.npu.spec import Profile
 
 MODEL_KIND = "source"  # a user's model folder replaces the output of the stage of this kind
@@ -72,7 +72,7 @@ def allowance(name: str, model_config: dict | None, profile: Profile) -> MemoryE
     tables = 4 * vocab * hidden * (1 if tied else 2) if "per_table_byte" in rule else 0
     weights, logits = 4 * params - tables, 4 * vocab * tier
     # float32 keys and values of every layer at the profile's longest KV length (the runtime's static buffer)
-    kv = 4 * 2 * kv_width(text) * max(profile.buckets.token or profile.buckets.prefill or (0,)) if "per_kv_byte" in rule else 0
+    kv = 4 * 2 * kv_width(model_config) * max(profile.buckets.token or profile.buckets.prefill or (0,)) if "per_kv_byte" in rule else 0
     total = int(rule["base"] + rule.get("per_weight_byte", 0) * weights + rule.get("per_table_byte", 0) * tables
                 + rule.get("per_logit_byte", 0) * logits + rule.get("per_kv_byte", 0) * kv)
     basis = f"raipack's allowance for {params / 1e9:.3f}B parameters" if params else "raipack's allowance before the model's config.json is known"
@@ -81,17 +81,6 @@ def allowance(name: str, model_config: dict | None, profile: Profile) -> MemoryE
     if kv:
         basis += f", KV cache {gib(kv)}"
     return MemoryEstimate(total, basis, details={"rule": rule, "parameters": params})
-
-
-def kv_width(text: dict) -> int:
-    """Layers x KV heads x head size of a text config (0 when a size is missing)."""
-    sizes = [text.get(k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads")]
-    if not all(isinstance(v, int) and v > 0 for v in sizes):
-        return 0
-    layers, hidden, heads = sizes
-    kv_heads = text.get("num_key_value_heads") if isinstance(text.get("num_key_value_heads"), int) else heads
-    head_dim = text.get("head_dim") if isinstance(text.get("head_dim"), int) else hidden // heads
-    return layers * kv_heads * head_dim
 
 
 def model_config_of(folders: list[Path]) -> dict | None:

@@ -53,8 +53,22 @@ def parameter_count(model_config) -> int:
     if missing:
         raise ValueError(f"config.json has no integer {', '.join(missing)}")
     h, i, layers, heads, vocab = sizes.values()
-    head_dim = _count(c.get("head_dim")) or h // heads
-    kv = _count(c.get("num_key_value_heads")) or heads
+    kv, head_dim = _kv_heads(c, h, heads)
     layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * i + 2 * h
     tied = bool(c.get("tie_word_embeddings", model_config.get("tie_word_embeddings", False)))
     return layers * layer + vocab * h * (1 if tied else 2) + h
+
+
+def _kv_heads(c: dict, hidden: int, heads: int) -> tuple[int, int]:
+    """(KV heads, head size) of a text config: num_key_value_heads (else the heads), head_dim (else hidden / heads)."""
+    return _count(c.get("num_key_value_heads")) or heads, _count(c.get("head_dim")) or hidden // heads
+
+
+def kv_width(model_config) -> int:
+    """Layers x KV heads x head size: the elements of one position's keys (or values) in every layer; 0 when a size is missing."""
+    c = text_config(model_config)
+    layers, hidden, heads = (_count(c.get(k)) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
+    if not (layers and hidden and heads):
+        return 0
+    kv, head_dim = _kv_heads(c, hidden, heads)
+    return layers * kv * head_dim

@@ -28,6 +28,7 @@ from typing import Any
 from raipack.core.errors import RaipackError
 from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.stages.quantize import awq_groups
+from raipack.stages.quantize.owned import own_mapped_tensors
 from raipack.stages.quantize.preflight import (
     HINT,
     GroupSize,
@@ -40,7 +41,7 @@ from raipack.stages.quantize.preflight import (
     text_config,
 )
 from raipack.stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
-from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory, restore_denormals
+from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory, restore_denormals, trim_heap
 
 Progress = Callable[[str, int, int], None]
 
@@ -85,9 +86,8 @@ _LAYER_LOOPS = {
 
 @contextmanager
 def _report_layers(progress: Progress | None) -> Iterator[None]:
-    if progress is None:
-        yield
-        return
+    """While Quark's AWQ/GPTQ loop runs: after each decoder layer, give the heap's free pages back
+    (runtime.trim_heap) and report the layer to ``progress``."""
     import importlib
 
     saved = []
@@ -102,7 +102,9 @@ def _report_layers(progress: Progress | None) -> Iterator[None]:
             def gen() -> Iterator[Any]:
                 for i, item in enumerate(bar, start=1):
                     yield item
-                    progress(_stage, i, total)
+                    trim_heap()
+                    if progress is not None:
+                        progress(_stage, i, total)
 
             return gen()
 
@@ -185,7 +187,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
 
         t_load = time.perf_counter()
         batches, calibration = _calibration(src_dir, opts)
-        model = _load_model(src_dir, dtype, device)
+        model, owned = _load_model(src_dir, dtype, device)
         untied = head != "exclude" and _untie_lm_head(model)
         if untied:
             warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
@@ -227,6 +229,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
             "warnings": warns,
             "seconds": round(time.perf_counter() - start, 2),
             "seconds_load": round(load_seconds, 2),
+            "weights_owned": owned,  # tensors moved out of the mapped safetensors before Quark writes into them
             "seconds_quantize": round(out["quantize_seconds"], 2),
             "seconds_export": round(out["export_seconds"], 2),
             "cpu_user_seconds": round(ru1.ru_utime - ru0.ru_utime, 2),
@@ -293,14 +296,16 @@ def _calibration(src_dir: Path, opts: QuantizeSettings) -> tuple[_CalibrationBat
     return _CalibrationBatches(samples, opts.progress), {"num_samples": num_samples, "seq_len": seq_len, "tokens": num_samples * seq_len}
 
 
-def _load_model(src_dir: Path, dtype: str, device: str) -> Any:
+def _load_model(src_dir: Path, dtype: str, device: str) -> tuple[Any, dict[str, int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(src_dir), dtype=getattr(torch, dtype), trust_remote_code=False, local_files_only=True, use_safetensors=True)
     model.eval()
+    # Quark writes the weights in place: views of the mapped file would keep a second copy (owned.py)
+    owned = own_mapped_tensors(model) if device == "cpu" else {"tensors": 0, "bytes": 0}
     model.to(device)
-    return model
+    return model, owned
 
 
 def _untie_lm_head(model: Any) -> bool:

@@ -110,6 +110,19 @@ AFTER_TRIM_THRESHOLD = 64 << 20
 AFTER_TOP_PAD = 128 << 10  # glibc's default
 
 
+def trim_heap() -> bool:
+    """Return the free pages of glibc's heap to the system (``malloc_trim(0)``: also the free chunks in the
+    middle of the heap, not only its top) without changing the tuning. The quantize stage calls it after
+    each decoder layer of AWQ/GPTQ: with trimming off, the freed temporaries of one layer did not all fit
+    the next layer's, and the heap grew layer after layer (docs/measurements/real_size.md, issue 25).
+    True when glibc was there to ask."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 def release_memory() -> bool:
     """Give the memory the tuned allocator kept back to the system and stop keeping it (after a
     run, also a failed one); True when glibc's settings were restored."""

@@ -273,6 +273,7 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     assert report["cosine_min"] > 0.99
     assert report["matmulnbits_accuracy_levels"] == [1]
     assert report["dequantized_modules"] == 0  # Quark's linears dequantize per call (no float32 copy of them: 28 GB at 8B)
+    assert report["fast_dequantized_modules"] == 2 * 7  # with raipack's reader of the packing (bit-identical, test_quantize.py)
     assert all(len(p["tokens_onnx"]) == 32 for p in report["prompts"])
     assert [p["positions_compared"] for p in report["prompts"]] == [8] * len(PROMPTS) and report["positions_compared"] == 8 * len(PROMPTS)
     ppl = report["perplexity"]
@@ -283,6 +284,33 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     assert once["dequantized_modules"] == 2 * 7
     assert [p["tokens_transformers"] for p in once["prompts"]] == [p["tokens_transformers"] for p in report["prompts"]]
     assert abs(once["perplexity"]["transformers"] - ppl["transformers"]) < 1e-3 * ppl["transformers"]
+
+
+def test_one_packed_forward_gives_each_sequences_own_logits(tiny_quark):
+    """Parity runs the prompts and the held-out text through transformers in one forward (each of Quark's
+    linears dequantized once for all): packed with positions restarting at 0, each segment's rows are those
+    of a forward of its own, and the order of the segments changes nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from raipack.stages.export.parity import _hf_packed
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_quark.quark_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_quark.quark_dir), dtype=torch.float32).eval()
+    seqs = [tok(PROMPTS[0])["input_ids"] + [5, 6, 7], tok(HELDOUT_TEXT)["input_ids"][:40], tok(PROMPTS[1])["input_ids"]]
+    rows = [4, 40, 1]
+    packed = _hf_packed(model, list(zip(seqs, rows)))
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([s]), use_cache=False).logits[0, -r:].numpy() for s, r in zip(seqs, rows)]
+    assert [p.shape for p in packed] == [(r, model.config.vocab_size) for r in rows]
+    for p, a in zip(packed, alone):
+        assert np.abs(p - a).max() < 1e-4 and np.array_equal(p.argmax(-1), a.argmax(-1))
+    # without the restarted positions the later segments would see the earlier ones: the check can fail
+    with torch.no_grad():
+        joined = model(input_ids=torch.tensor([seqs[0] + seqs[1]]), use_cache=False).logits[0, -40:].numpy()
+    assert np.abs(joined - alone[1]).max() > 1e-2
+    reordered = _hf_packed(model, list(zip(seqs[::-1], rows[::-1])))[::-1]
+    assert all(np.abs(p - q).max() < 1e-4 for p, q in zip(packed, reordered))
 
 
 def test_parity_finds_where_the_exports_tokens_leave_transformers_greedy(oga_default, tiny_quark, monkeypatch):

@@ -623,3 +623,45 @@ def test_export_without_freeze_is_the_frozen_export_in_float32(awq_export, src_w
     assert set(mine) == set(theirs)
     differ = [k for k in mine if not torch.equal(mine[k], theirs[k])]
     assert differ == []
+
+
+def _quark_linears(model) -> list:
+    return [m for m in model.modules() if type(m).__name__ == "QParamsLinear"]
+
+
+def test_fast_dequantize_reads_quarks_weights_bit_for_bit(awq_export):
+    """The export's parity dequantizes every linear on every forward: raipack's reader of Quark's uint4
+    "reorder" packing gives Quark's own float32 weights exactly, for every linear, and replaces Quark's."""
+    import torch
+
+    from raipack.runtime.quark_hf import fast_dequantize
+    from raipack.stages.quantize.quality import load_hf
+
+    out, record, _ = awq_export
+    model, _ = load_hf(out)
+    linears = _quark_linears(model)
+    with torch.no_grad():
+        theirs = [m._get_qweight(m.weight).clone() for m in linears]
+        assert fast_dequantize(model) == {"modules": record["layers_quantized"], "quark": 0}
+        mine = [m._get_qweight(m.weight) for m in linears]
+    assert len(linears) == record["layers_quantized"]
+    assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(theirs, mine))
+
+
+def test_fast_dequantize_keeps_quarks_code_when_it_would_differ(awq_export, monkeypatch):
+    import raipack.runtime.quark_hf as quark_hf
+    from raipack.stages.quantize.quality import load_hf
+
+    out, record, _ = awq_export
+    model, _ = load_hf(out)
+    real = quark_hf._dequantize
+    monkeypatch.setattr(quark_hf, "_dequantize", lambda mod: real(mod) + 1e-3)  # a reader that misreads
+    assert quark_hf.fast_dequantize(model) == {"modules": 0, "quark": record["layers_quantized"]}
+    assert all("_get_qweight" not in m.__dict__ for m in _quark_linears(model))
+    # a layout it does not read (Quark's "order" packing, say) is left to Quark, the others still go fast
+    model, _ = load_hf(out)
+    monkeypatch.setattr(quark_hf, "_dequantize", real)
+    first = _quark_linears(model)[0]
+    first.weight_quantizer.reorder = False
+    assert quark_hf.fast_dequantize(model) == {"modules": record["layers_quantized"] - 1, "quark": 1}
+    assert "_get_qweight" not in first.__dict__

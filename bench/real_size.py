@@ -382,11 +382,20 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     env = {**os.environ, "RAIPACK_CACHE": str(work / "cache")}
     result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}}
     target = HERE / "out" / (f"real_size_{args.model}_tiny.json" if args.tiny else f"real_size_{args.model}.json")
+    algorithms = args.algorithms.split(",")
+    if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on)
+        old = json.loads(target.read_text())
+        kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms]
+        if kept:
+            result["rows"] = kept
+            result["packages"] = {k: v for k, v in old.get("packages", {}).items() if k not in algorithms}
+            result["earlier"] = {"algorithms": sorted({r["algorithm"] for r in kept}),
+                                 **{k: old.get("earlier", {}).get(k, old.get(k)) for k in ("machine_start", "machine_end")}}
     model = work / (f"{args.model}-random" if not args.tiny else f"{args.model}-tiny-random")
     if not (model / "model.safetensors").exists():
         result["model"] = write_model(model, cfg)
         print(f"model folder {model}: {result['model']['bytes'] / GIB:.2f} GiB in {result['model']['seconds']} s", flush=True)
-    for algorithm in args.algorithms.split(","):
+    for algorithm in algorithms:
         out_root = work / f"build-{algorithm}"
         recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
         build_args = ["--recipe", str(recipe), *(["--ignore-memory"] if args.ignore_memory else [])]
@@ -405,7 +414,7 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     save(result, target)
     print(f"wrote {target}")
     failed = [r for r in result["rows"] if r["rc"]]
-    return 1 if failed or len(result["packages"]) < len(args.algorithms.split(",")) else 0
+    return 1 if failed or any(a not in result["packages"] for a in algorithms) else 0
 
 
 if __name__ == "__main__":

@@ -187,7 +187,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
 
         t_load = time.perf_counter()
         batches, calibration = _calibration(src_dir, opts)
-        model, owned = _load_model(src_dir, dtype, device)
+        model, owned = _load_model(src_dir, dtype, device, quantize_head=head != "exclude")
         untied = head != "exclude" and _untie_lm_head(model)
         if untied:
             warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
@@ -296,14 +296,17 @@ def _calibration(src_dir: Path, opts: QuantizeSettings) -> tuple[_CalibrationBat
     return _CalibrationBatches(samples, opts.progress), {"num_samples": num_samples, "seq_len": seq_len, "tokens": num_samples * seq_len}
 
 
-def _load_model(src_dir: Path, dtype: str, device: str) -> tuple[Any, dict[str, int]]:
+def _load_model(src_dir: Path, dtype: str, device: str, quantize_head: bool = False) -> tuple[Any, dict[str, int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(src_dir), dtype=getattr(torch, dtype), trust_remote_code=False, local_files_only=True, use_safetensors=True)
     model.eval()
     # Quark writes the weights in place: views of the mapped file would keep a second copy (owned.py)
-    owned = own_mapped_tensors(model) if device == "cpu" else {"tensors": 0, "bytes": 0}
+    head = model.get_output_embeddings()
+    embed = model.get_input_embeddings()
+    keep = [embed.weight if embed is not None else None, head.weight if head is not None and not quantize_head else None]
+    owned = own_mapped_tensors(model, keep=keep) if device == "cpu" else {"tensors": 0, "bytes": 0, "kept_mapped_bytes": 0}
     model.to(device)
     return model, owned
 

@@ -43,13 +43,27 @@ def test_loaded_views_of_the_file_get_memory_of_their_own(bf16_model):
             assert torch.equal(p.data, file[name]), name
     # tied weights stay one tensor
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
-    assert own_mapped_tensors(model) == {"tensors": 0, "bytes": 0}  # nothing left to move
+    assert own_mapped_tensors(model) == {"tensors": 0, "bytes": 0, "kept_mapped_bytes": 0}  # nothing left to move
+
+
+def test_tensors_to_keep_stay_views_of_the_file(bf16_model):
+    """The token embedding (which Quark never writes) stays a view: its pages are read only where used."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(bf16_model), dtype=torch.bfloat16)
+    embed = model.get_input_embeddings().weight
+    moved = own_mapped_tensors(model, keep=[embed, None])
+    assert moved["kept_mapped_bytes"] == embed.numel() * embed.element_size() > 0
+    assert moved["tensors"] == len({id(p) for p in model.parameters()}) - 1
+    names = {name for name, p in model.named_parameters(remove_duplicate=False) if p is embed}
+    assert set(_mapped(model)) == names  # the embedding (and a head tied to it) alone
 
 
 def test_a_model_built_in_memory_has_nothing_to_move():
     import torch
 
-    assert own_mapped_tensors(torch.nn.Linear(8, 4)) == {"tensors": 0, "bytes": 0}
+    assert own_mapped_tensors(torch.nn.Linear(8, 4)) == {"tensors": 0, "bytes": 0, "kept_mapped_bytes": 0}
 
 
 def test_file_mappings_reads_the_maps_file(tmp_path):
@@ -76,4 +90,6 @@ def test_quantize_reports_the_weights_it_owned(tiny_llama, tmp_path):
             (src / name).write_bytes((tiny_llama / name).read_bytes())
     record = quantize(src, tmp_path / "q", algorithm="rtn", group_size=128)
     assert record["dtype"] == "bfloat16"
-    assert record["weights_owned"]["tensors"] > 10 and record["weights_owned"]["bytes"] > 1 << 20
+    owned = record["weights_owned"]
+    assert owned["tensors"] > 10 and owned["bytes"] > 1 << 20
+    assert owned["kept_mapped_bytes"] > 0  # the token embedding, which Quark never writes, stays mapped

@@ -102,6 +102,7 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     swapped = _dequantize_once(model) if opts.dequantize_once else 0
     fast = fast_dequantize(model)  # per call, 3x faster than Quark's unpack; checked bit-identical on the first linear
     dec = OrtDecoder(onnx_dir, threads=threads)
+    t_loaded = time.perf_counter()
 
     held = tokenizer(heldout_text)["input_ids"][:max_heldout_tokens]
     if dec.context_length:
@@ -111,10 +112,12 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
         ids = tokenizer(prompt)["input_ids"]
         greedy.append((ids, *dec.greedy(ids, steps)))
     ppl_onnx = perplexity(dec.logits(held), held)
+    t_onnx = time.perf_counter()
     # transformers along the export's tokens and over the held-out text: one forward for all (_hf_packed)
     *forced, h_logits = _hf_packed(model, [(list(ids) + list(o_tokens)[:-1], len(o_tokens)) for ids, o_tokens, _ in greedy] + [(held, len(held))])
     ppl_hf = perplexity(h_logits, held)
     del h_logits
+    t_hf = time.perf_counter()
 
     results = []
     for prompt, (ids, o_tokens, o_rows), h_rows in zip(prompts, greedy, forced):
@@ -163,4 +166,8 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
         "dequantized_modules": swapped,
         "fast_dequantized_modules": fast["modules"],
         "seconds": round(time.perf_counter() - t0, 3),
+        # where the time went: loading both models, the export's decode loops and perplexity, transformers' one forward
+        "seconds_load": round(t_loaded - t0, 3),
+        "seconds_onnx": round(t_onnx - t_loaded, 3),
+        "seconds_transformers": round(t_hf - t_onnx, 3),
     }

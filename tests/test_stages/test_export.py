@@ -273,6 +273,7 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     assert report["cosine_min"] > 0.99
     assert report["matmulnbits_accuracy_levels"] == [1]
     assert report["dequantized_modules"] == 0  # Quark's linears dequantize per call (no float32 copy of them: 28 GB at 8B)
+    assert 0 < report["seconds_load"] + report["seconds_onnx"] + report["seconds_transformers"] <= report["seconds"]
     assert report["fast_dequantized_modules"] == 2 * 7  # with raipack's reader of the packing (bit-identical, test_quantize.py)
     assert all(len(p["tokens_onnx"]) == 32 for p in report["prompts"])
     assert [p["positions_compared"] for p in report["prompts"]] == [8] * len(PROMPTS) and report["positions_compared"] == 8 * len(PROMPTS)

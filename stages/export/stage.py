@@ -19,6 +19,7 @@ class ExportConfig:
     parity: bool = True
     parity_steps: int = 32
     parity_positions: int = 8  # generated positions per prompt whose logits rows parity compares (first, last, seeded others)
+    parity_tokens: int = 512  # held-out tokens both perplexities read
     max_ppl_ratio: float = 1.01  # exported / Quark perplexity on the held-out text
 
 
@@ -36,7 +37,8 @@ def run(job: Job) -> dict:
     execution_provider = "cpu"
     report = export(quark, job.workdir, execution_provider=execution_provider, keep_excluded_float=cfg.keep_excluded_float, extra_options=dict(cfg.extra_options))
     if cfg.parity:
-        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps, positions=cfg.parity_positions)
+        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps, positions=cfg.parity_positions,
+                   max_heldout_tokens=cfg.parity_tokens)
         report["parity"] = p
         ppl = p["perplexity"]
         report["quality"] = {"ppl_quark": ppl["transformers"], "ppl_exported": ppl["onnx"], "ppl_ratio": ppl["ratio"],
@@ -51,9 +53,10 @@ def run(job: Job) -> dict:
 
 def preflight(config: ExportConfig, target: dict) -> None:
     """Refuse a parity setting that cannot be sampled before any stage runs."""
-    for name, value in (("parity_steps", config.parity_steps), ("parity_positions", config.parity_positions)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "parity_steps" else 2):
-            raise UsageError(f"[export].{name} is {value!r}; expected a whole number of at least {1 if name == 'parity_steps' else 2}"
+    least = {"parity_steps": 1, "parity_positions": 2, "parity_tokens": 2}
+    for name, value in (("parity_steps", config.parity_steps), ("parity_positions", config.parity_positions), ("parity_tokens", config.parity_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least[name]:
+            raise UsageError(f"[export].{name} is {value!r}; expected a whole number of at least {least[name]}"
                              + (" (the first and the last generated position are always compared)" if name == "parity_positions" else ""),
                              f"set {name} to {ExportConfig.__dataclass_fields__[name].default} (the default), or parity = false to skip parity")
 

@@ -287,6 +287,15 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     assert abs(once["perplexity"]["transformers"] - ppl["transformers"]) < 1e-3 * ppl["transformers"]
 
 
+def test_parity_reads_the_held_out_token_budget(oga_default, tiny_quark):
+    """[export].parity_tokens reaches both perplexities: 16 tokens read where the default reads more."""
+    from raipack.stages.export.parity import parity
+    from raipack.stages.export.stage import ExportConfig
+
+    small = parity(tiny_quark.quark_dir, oga_default[0], PROMPTS[:1], HELDOUT_TEXT, steps=4, max_heldout_tokens=16)
+    assert small["perplexity"]["tokens"] == 16 < ExportConfig().parity_tokens
+
+
 def test_one_packed_forward_gives_each_sequences_own_logits(tiny_quark):
     """Parity runs the prompts and the held-out text through transformers in one forward (each of Quark's
     linears dequantized once for all): packed with positions restarting at 0, each segment's rows are those
@@ -344,7 +353,7 @@ def test_parity_samples_the_first_the_last_and_seeded_positions():
     assert sample_positions(5, 8) == [0, 1, 2, 3, 4] and sample_positions(32, 2) == [0, 31]
 
 
-@pytest.mark.parametrize("key, value", [("parity_positions", 1), ("parity_positions", "8"), ("parity_steps", 0)])
+@pytest.mark.parametrize("key, value", [("parity_positions", 1), ("parity_positions", "8"), ("parity_steps", 0), ("parity_tokens", 1)])
 def test_a_bad_parity_setting_is_refused_in_one_sentence_naming_it(key, value):
     from raipack.core.errors import UsageError
     from raipack.stages.export.stage import ExportConfig, preflight
@@ -359,6 +368,7 @@ def test_parity_positions_is_a_recipe_key_checked_by_the_schema(tmp_path, capsys
     from raipack.cli import main
 
     assert load(None, {"export.parity_positions": 4}).stages["export"] == {"parity_positions": 4}
+    assert load(None, {"export.parity_tokens": 128}).stages["export"] == {"parity_tokens": 128}
     (tmp_path / "r.toml").write_text("[export]\nparity_positions = 1\n")
     with pytest.raises(SystemExit) as exc:
         main(["build", "--recipe", str(tmp_path / "r.toml"), "--output", str(tmp_path / "out")])

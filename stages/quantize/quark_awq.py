@@ -117,6 +117,36 @@ def _report_layers(progress: Progress | None) -> Iterator[None]:
             module.tqdm = original
 
 
+@contextmanager
+def _trim_while_converting() -> Iterator[None]:
+    """While Quark's export converts each QuantLinear to its packed form, give the heap's free pages back after
+    each one (runtime.trim_heap): the weights it releases are chunks in the middle of the heap, which glibc keeps
+    resident, so anonymous memory grew by the linears' size during the export (four Llama-3.1-8B-width layers,
+    AWQ: export peak 7.72 -> 4.25 GiB)."""
+    import importlib
+
+    module = importlib.import_module("quark.torch.export.main_export.model_post_process")
+    original = module.tqdm
+
+    def wrapper(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+        bar = original(iterable, *args, **kwargs)
+        if not str(kwargs.get("desc", "")).startswith("Converting QuantLinear"):
+            return bar
+
+        def gen() -> Iterator[Any]:
+            for item in bar:
+                yield item
+                trim_heap()
+
+        return gen()
+
+    module.tqdm = wrapper
+    try:
+        yield
+    finally:
+        module.tqdm = original
+
+
 @dataclass(frozen=True)
 class QuantizeSettings:
     """How `quantize` runs (see its docstring for each)."""
@@ -353,7 +383,8 @@ def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: 
         release_memory()
         quantize_seconds = time.perf_counter() - t_q
         t_e = time.perf_counter()
-        export_safetensors(model, str(tmp), custom_mode="quark", weight_format="real_quantized", pack_method="reorder")
+        with _trim_while_converting():
+            export_safetensors(model, str(tmp), custom_mode="quark", weight_format="real_quantized", pack_method="reorder")
         export_seconds = time.perf_counter() - t_e
         qc = fix_config(tmp, cfg)
         copied = copy_missing_files(src_dir, tmp)

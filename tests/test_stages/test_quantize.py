@@ -717,3 +717,20 @@ def test_trim_heap_gives_the_freed_middle_of_the_heap_back():
     out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) > (256 << 20) * 0.9
+
+
+def test_the_heap_is_trimmed_after_each_linear_the_export_converts(awq_export, src_with_extras, tmp_path, monkeypatch):
+    """Quark's export releases each linear's float weight in the middle of the heap: quantize() trims after each
+    conversion (and only there), and the export is the same file."""
+    from safetensors.torch import load_file
+
+    import raipack.stages.quantize.quark_awq as qa
+
+    trims = []
+    monkeypatch.setattr(qa, "trim_heap", lambda: trims.append(1) or True)
+    out = tmp_path / "q"
+    record = qa.quantize(src_with_extras, out, algorithm="awq", group_size="auto", num_samples=3, seq_len=32)
+    layers = record["decoder_layers"]
+    assert len(trims) == record["layers_quantized"] + layers  # one per converted linear, one per AWQ layer
+    mine, before = load_file(str(out / "model.safetensors")), load_file(str(awq_export[0] / "model.safetensors"))
+    assert set(mine) == set(before) and all((mine[k] == before[k]).all() for k in mine)

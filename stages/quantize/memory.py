@@ -2,8 +2,8 @@
 
 ``estimate()`` adds up the model's weights in the chosen dtype, what Quark keeps while it
 processes one decoder layer with the calibration batches (cached layer inputs, the inputs
-of every linear, one forward over all samples, AWQ's clipping search, a copy of the
-layer's weights), the export at the end and a fixed runtime overhead. The constants live
+of every linear, a copy of the layer's weights, and the largest of one forward over all samples,
+AWQ's clipping search and its scale search), the export at the end and a fixed runtime overhead. The constants live
 in ``data/memory.json``; the derivation and the measurements behind them are in
 docs/measurements/quantize.md (section "Memory").
 
@@ -121,7 +121,7 @@ class Estimate:
             f"  weights      {gib(self.weights)}",
             f"  activations  {gib(self.activations)}"
             + "".join(f"\n    {k:<14} {gib(v)}" for k, v in self.terms.items() if v),
-            f"  quantized    {gib(self.quantized_copy)} (copies of the linears the algorithm holds until the export: AWQ/GPTQ write them in place)",
+            f"  quantized    {gib(self.quantized_copy)} (copies of the linears the algorithm holds until the export)",
             f"  export       {gib(self.export)}",
             f"  loading      {gib(self.loading)} (conversion from the file's dtype)",
             f"  overhead     {gib(self.overhead)}",
@@ -161,6 +161,9 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
             search = max((min(fo, clip["out_channel_batch"] if fo % clip["out_channel_batch"] == 0 else clip["out_channel_batch_fallback"])
                           * sampled * fi * b for name, fi, fo in s.linears() if name not in clip["skip"]), default=0)
             terms["clip_search"] = search
+            scale = data["awq_scale_search"]
+            sizes = {name: fi * fo for name, fi, fo in s.linears()}
+            terms["scale_search"] = scale["copies"] * scale["bytes"] * max(sum(sizes.get(n, 0) for n in group) for group in scale["groups"])
         else:
             g = data["gptq"]
             terms["hessians"] = sum(fi * fi for _, fi, _ in s.linears()) * g["hessian_bytes"]
@@ -168,8 +171,9 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
             terms["gptq_work"] = search
         terms["layer_forward"] = forward
         terms["layer_weights"] = layer_weights
-        # the forward and the search never run at the same time
-        activations = sum(terms.values()) - min(forward, search)
+        # the layer's forward and the searches never run at the same time
+        exclusive = [forward, search, terms.get("scale_search", 0)]
+        activations = sum(terms.values()) - sum(exclusive) + max(exclusive)
     else:  # rtn: one layer's temporaries only
         terms["layer_weights"] = layer_weights
         activations = layer_weights

@@ -79,7 +79,7 @@ def _unpack(packed: Any, columns: int) -> Any:
 
 def _dequantize(mod: Any) -> Any:
     """The float32 weight [out, in] of a ``_supported`` module: (q - zero point) x scale per group, the same
-    arithmetic as Quark's kernel (bit-identical, tests/test_runtime/test_quark_hf.py) in a third of its time
+    arithmetic as Quark's kernel (bit-identical, tests/test_stages/test_quantize.py) in a third of its time
     (unpacked in int32 rather than through int64 and int8, no transposed copy: the result is a transposed view)."""
 
     wq = mod.weight_quantizer

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from raipack.runtime import heap
+
 
 def _cpu_count() -> int:
     try:
@@ -52,17 +54,7 @@ def runtime_env(threads: int | None = None) -> dict[str, str]:
     }
 
 
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
+_libc = heap.libc
 
 
 def apply_runtime_settings(threads: int | None = None) -> dict[str, Any]:
@@ -110,17 +102,9 @@ AFTER_TRIM_THRESHOLD = 64 << 20
 AFTER_TOP_PAD = 128 << 10  # glibc's default
 
 
-def trim_heap() -> bool:
-    """Return the free pages of glibc's heap to the system (``malloc_trim(0)``: also the free chunks in the
-    middle of the heap, not only its top) without changing the tuning. The quantize stage calls it after
-    each decoder layer of AWQ/GPTQ: with trimming off, the freed temporaries of one layer did not all fit
-    the next layer's, and the heap grew layer after layer (docs/measurements/real_size.md, issue 25).
-    True when glibc was there to ask."""
-    libc = _libc()
-    if libc is None:
-        return False
-    libc.malloc_trim(0)
-    return True
+# after each decoder layer of AWQ/GPTQ: with trimming off, the freed temporaries of one layer did not all fit
+# the next layer's, and the heap grew layer after layer (docs/measurements/real_size.md, issue 25)
+trim_heap = heap.trim_heap
 
 
 def release_memory() -> bool:

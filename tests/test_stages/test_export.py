@@ -296,6 +296,49 @@ def test_parity_reads_the_held_out_token_budget(oga_default, tiny_quark):
     assert small["perplexity"]["tokens"] == 16 < ExportConfig().parity_tokens
 
 
+def test_parity_holds_one_model_at_a_time(oga_default, tiny_quark, monkeypatch):
+    """Parity never holds the export's decoder and the Quark model in transformers together (at 8B each is several
+    GiB beside the builder's leftovers): neither exists when the other is made; the check sees one kept alive."""
+    import gc
+    import weakref
+
+    import transformers
+
+    from raipack.runtime import ortloop
+    from raipack.stages.export import parity as parity_module
+
+    decoders: list = []
+    models: list = []
+    alive_at_load: list[int] = []  # decoders alive when transformers loads
+    models_at_init: list[int] = []  # transformers models alive when a decoder is made
+    real_init, real_load = ortloop.OrtDecoder.__init__, transformers.AutoModelForCausalLM.from_pretrained
+
+    def init(self, *args, **kwargs):
+        gc.collect()
+        models_at_init.append(sum(ref() is not None for ref in models))
+        real_init(self, *args, **kwargs)
+        decoders.append(weakref.ref(self))
+
+    def load(*args, **kwargs):
+        gc.collect()
+        alive_at_load.append(sum(ref() is not None for ref in decoders))
+        model = real_load(*args, **kwargs)
+        models.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(ortloop.OrtDecoder, "__init__", init)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    report = parity_module.parity(tiny_quark.quark_dir, oga_default[0], PROMPTS[:1], HELDOUT_TEXT, steps=4, max_heldout_tokens=16)
+    assert len(decoders) == 1 and alive_at_load == [0] and models_at_init == [0]
+    assert report["perplexity"]["tokens"] == 16 and report["seconds_load"] > 0
+    # a decoder or a model still referenced when the other is made is counted: the checks above can fail
+    kept_model = load(tiny_quark.quark_dir)
+    kept = ortloop.OrtDecoder(oga_default[0])
+    load(tiny_quark.quark_dir)
+    assert models_at_init[-1] == 1 and alive_at_load[-1] == 1
+    del kept, kept_model
+
+
 def test_one_packed_forward_gives_each_sequences_own_logits(tiny_quark):
     """Parity runs the prompts and the held-out text through transformers in one forward (each of Quark's
     linears dequantized once for all): packed with positions restarting at 0, each segment's rows are those

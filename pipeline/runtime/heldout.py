@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from raipack.runtime.ortloop import perplexity
 
-MAX_TOKENS = 512  # stages/export/parity.py's max_heldout_tokens
+MAX_TOKENS = 256  # the export stage's [export].parity_tokens default (stages/export/stage.py)
 
 
 def heldout_ids(tokenizer, limit: int) -> list[int]:

@@ -238,7 +238,7 @@ def test_without_quark_bfp16_is_one_sentence_exit_2(monkeypatch, tmp_path, capsy
 def test_smoke_records_the_package_perplexity_under_float_and_bfp16(monkeypatch):
     """The float number is the export's on the same window (the fused package computes what the export
     does); the BFP16 one differs, and both reach the quality record the report shows. A 128-token
-    window here (the stage's is 512) keeps the test fast."""
+    window here (the stage's is 256) keeps the test fast."""
     import contextlib
 
     monkeypatch.setattr("raipack.runtime.heldout.MAX_TOKENS", 128)

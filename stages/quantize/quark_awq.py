@@ -20,7 +20,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,61 +82,31 @@ _LAYER_LOOPS = {
     "quark.torch.algorithm.awq.awq": "awq",
     "quark.torch.algorithm.common": "gptq",
 }
+# Quark's export converts each QuantLinear to its packed form in a loop of this module, with this description.
+_CONVERT_MODULE = "quark.torch.export.main_export.model_post_process"
+_CONVERT_DESC = "Converting QuantLinear"
 
 
 @contextmanager
-def _report_layers(progress: Progress | None) -> Iterator[None]:
-    """While Quark's AWQ/GPTQ loop runs: after each decoder layer, give the heap's free pages back
-    (runtime.trim_heap) and report the layer to ``progress``."""
+def _after_each(module_name: str, after: Callable[[int, int], None], desc_prefix: str = "") -> Iterator[None]:
+    """While the block runs: the `tqdm` a Quark module binds calls `after(i, total)` after the i-th item of each
+    loop it wraps whose description starts with `desc_prefix` (every loop when empty); the module's own `tqdm`
+    comes back afterwards."""
     import importlib
 
-    saved = []
-    for module_name, stage in _LAYER_LOOPS.items():
-        module = importlib.import_module(module_name)
-        original = module.tqdm
-
-        def wrapper(iterable: Any = None, *args: Any, _orig: Any = original, _stage: str = stage, **kwargs: Any) -> Any:
-            bar = _orig(iterable, *args, **kwargs)
-            total = kwargs.get("total") or (len(iterable) if hasattr(iterable, "__len__") else 0)
-
-            def gen() -> Iterator[Any]:
-                for i, item in enumerate(bar, start=1):
-                    yield item
-                    trim_heap()
-                    if progress is not None:
-                        progress(_stage, i, total)
-
-            return gen()
-
-        saved.append((module, original))
-        module.tqdm = wrapper
-    try:
-        yield
-    finally:
-        for module, original in saved:
-            module.tqdm = original
-
-
-@contextmanager
-def _trim_while_converting() -> Iterator[None]:
-    """While Quark's export converts each QuantLinear to its packed form, give the heap's free pages back after
-    each one (runtime.trim_heap): the weights it releases are chunks in the middle of the heap, which glibc keeps
-    resident, so anonymous memory grew by the linears' size during the export (four Llama-3.1-8B-width layers,
-    AWQ: export peak 7.72 -> 4.25 GiB)."""
-    import importlib
-
-    module = importlib.import_module("quark.torch.export.main_export.model_post_process")
+    module = importlib.import_module(module_name)
     original = module.tqdm
 
     def wrapper(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
         bar = original(iterable, *args, **kwargs)
-        if not str(kwargs.get("desc", "")).startswith("Converting QuantLinear"):
+        if not str(kwargs.get("desc", "")).startswith(desc_prefix):
             return bar
+        total = kwargs.get("total") or (len(iterable) if hasattr(iterable, "__len__") else 0)
 
         def gen() -> Iterator[Any]:
-            for item in bar:
+            for i, item in enumerate(bar, start=1):
                 yield item
-                trim_heap()
+                after(i, total)
 
         return gen()
 
@@ -145,6 +115,33 @@ def _trim_while_converting() -> Iterator[None]:
         yield
     finally:
         module.tqdm = original
+
+
+@contextmanager
+def _report_layers(progress: Progress | None) -> Iterator[None]:
+    """While Quark's AWQ/GPTQ loop runs: after each decoder layer, give the heap's free pages back
+    (runtime.trim_heap) and report the layer to ``progress``."""
+
+    def after_layer(stage: str) -> Callable[[int, int], None]:
+        def after(i: int, total: int) -> None:
+            trim_heap()
+            if progress is not None:
+                progress(stage, i, total)
+
+        return after
+
+    with ExitStack() as stack:
+        for module_name, stage in _LAYER_LOOPS.items():
+            stack.enter_context(_after_each(module_name, after_layer(stage)))
+        yield
+
+
+def _trim_while_converting() -> AbstractContextManager[None]:
+    """While Quark's export converts each QuantLinear to its packed form, give the heap's free pages back after
+    each one (runtime.trim_heap): the weights it releases are chunks in the middle of the heap, which glibc keeps
+    resident, so anonymous memory grew by the linears' size during the export (four Llama-3.1-8B-width layers,
+    AWQ: export peak 7.72 -> 4.25 GiB)."""
+    return _after_each(_CONVERT_MODULE, lambda i, total: trim_heap(), _CONVERT_DESC)
 
 
 @dataclass(frozen=True)

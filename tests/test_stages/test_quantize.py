@@ -687,6 +687,27 @@ def test_the_heap_is_trimmed_after_each_decoder_layer(monkeypatch):
     assert events == [("awq", 1, 3), ("awq", 2, 3), ("awq", 3, 3)]
 
 
+def test_after_each_runs_after_the_items_of_matching_loops_only(monkeypatch):
+    """_after_each (both wrappers above are made of it) calls back after each item of a loop whose description
+    matches, with its count and total, leaves other loops alone, and puts the module's tqdm back, also on error."""
+    import types
+
+    import raipack.stages.quantize.quark_awq as qa
+
+    module = types.ModuleType("fake_quark_loops")
+    module.tqdm = lambda iterable=None, *args, **kwargs: iter(iterable)
+    original = module.tqdm
+    monkeypatch.setitem(sys.modules, "fake_quark_loops", module)
+    calls: list = []
+    with qa._after_each("fake_quark_loops", lambda i, total: calls.append((i, total)), "Converting"):
+        assert list(module.tqdm(range(2), desc="Converting QuantLinear")) == [0, 1]
+        assert list(module.tqdm(range(3), desc="Loading")) == [0, 1, 2]
+    assert calls == [(1, 2), (2, 2)] and module.tqdm is original
+    with pytest.raises(ValueError), qa._after_each("fake_quark_loops", lambda i, total: None):
+        raise ValueError("inside")
+    assert module.tqdm is original
+
+
 TRIM_PROBE = """
 import ctypes
 from raipack.stages.quantize.runtime import apply_runtime_settings, trim_heap

@@ -23,6 +23,7 @@ downloaded. Usage:
                                              # docs/measurements/real_size.md by hand
     python bench/real_size.py --tiny         # 2 small layers: checks the script in a few minutes
     python bench/real_size.py --algorithms rtn --keep /tmp/real   # keep the model, cache and packages
+    python bench/real_size.py --model llama-3.2-3b --algorithms rtn --until export   # the first stages only
 """
 
 from __future__ import annotations
@@ -193,6 +194,14 @@ def tool_seconds(stage: str, report: dict) -> float | None:
     return None
 
 
+def checks_seconds(stage: str, report: dict) -> float | None:
+    """raipack's own checks inside the stage, as the stage timed them: the quality probes (quantize), parity
+    (export). None where the stage has none of its own timing."""
+    part = {"quantize": "quality", "export": "parity"}.get(stage)
+    seconds = (report.get(part) or {}).get("seconds") if part else None
+    return round(seconds, 1) if seconds is not None else None
+
+
 def _events(stderr: str) -> list[dict]:
     out = []
     for line in stderr.splitlines():
@@ -226,7 +235,7 @@ def write_recipe(model: Path, algorithm: str, out_root: Path, tmp: Path, smoke_m
 
 def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dict, tmp: Path, on_row=None) -> list[dict]:
     """Each stage of `raipack build BUILD_ARGS` (the recipe and flags) in a process of its own (`--until STAGE`; the earlier ones are cache hits);
-    `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows)."""
+    `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows), the last stage built when it returns True."""
     from raipack.builder import stages
 
     rows = []
@@ -239,15 +248,16 @@ def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dic
         memory = report.get("memory") or {}
         row = {"algorithm": algorithm, "stage": name, "status": event.get("status", "failed"), "stage_s": event.get("seconds"),
                "process_s": round(run["wall_s"], 1), "cpu_s": run["cpu_s"], "peak_rss": run["peak_rss"], "peak_anon": run["peak_anon"],
-               "estimate": memory.get("estimate_bytes"), "available": memory.get("available_bytes"), "memory_ignored": bool(memory.get("ignored")), "tool_s": tool_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"]}
+               "estimate": memory.get("estimate_bytes"), "available": memory.get("available_bytes"), "memory_ignored": bool(memory.get("ignored")), "tool_s": tool_seconds(name, report), "checks_s": checks_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"]}
         rows.append(row)
         print(_stage_line(row), flush=True)
-        if on_row is not None:
-            on_row(row)
+        stop = on_row(row) if on_row is not None else False
         if run["rc"] != 0:
             tail = "\n".join((run["stdout"] + run["stderr"]).strip().splitlines()[-8:])
             print(f"  {name} failed (exit {run['rc']}):\n{tail}", flush=True)
             row["error"] = tail
+            break
+        if stop:
             break
     return rows
 
@@ -333,12 +343,12 @@ def _gib(n: int | None) -> str:
 
 def table(result: dict) -> str:
     """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size_<model>.json."""
-    lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | stage summary |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | stage summary |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        tool = r.get("tool_s")
+        tool, checks = r.get("tool_s"), r.get("checks_s")
         lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {r['stage_s'] if r['stage_s'] is not None else '–'} | {r['process_s']} | "
-                     f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | {_gib(r['estimate'])} | "
+                     f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {checks if checks is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | {_gib(r['estimate'])} | "
                      f"{r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
     lines += ["", "| quantization | validate (whole process) | `python -c \"import onnx, jsonschema\"` | ratio | exit | decode, reference runtime | onnxruntime-genai on the export | ratio | `raipack run` |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -360,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke-max-tier", type=int, help="[smoke] max_tier for the build (default: the stage's)")
     ap.add_argument("--ignore-memory", action="store_true",
                     help="pass --ignore-memory to raipack build: run a stage its estimate refuses, to measure the peak the estimate is judged by")
+    ap.add_argument("--until", metavar="STAGE", help="build the stages up to this one only (quantize, export, fuse or smoke), without the package rows")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder)")
     ap.add_argument("--table", type=Path, metavar="JSON", help="only print the Markdown tables of a result file (bench/out/real_size_<model>.json)")
     args = ap.parse_args(argv)
@@ -399,7 +410,9 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
         out_root = work / f"build-{algorithm}"
         recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
         build_args = ["--recipe", str(recipe), *(["--ignore-memory"] if args.ignore_memory else [])]
-        rows = build_stages(build_args, algorithm, out_root, env, work, on_row=lambda row: (result["rows"].append(row), save(result, target)))
+        rows = build_stages(build_args, algorithm, out_root, env, work, on_row=lambda row: (result["rows"].append(row), save(result, target), row["stage"] == args.until)[-1])
+        if args.until:
+            continue
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]
         if not pkgs or any(r["rc"] for r in rows):
             continue
@@ -414,7 +427,7 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     save(result, target)
     print(f"wrote {target}")
     failed = [r for r in result["rows"] if r["rc"]]
-    return 1 if failed or any(a not in result["packages"] for a in algorithms) else 0
+    return 1 if failed or (not args.until and any(a not in result["packages"] for a in algorithms)) else 0
 
 
 if __name__ == "__main__":

@@ -65,6 +65,10 @@ def test_each_model_is_its_published_size_and_the_tool_time_comes_from_the_stage
     assert real_size.tool_seconds("quantize", {"seconds_load": 1.0, "seconds_quantize": 10.25, "seconds_export": 2.0, "seconds": 30}) == 13.2
     assert real_size.tool_seconds("export", {"builder_seconds": 7.84, "seconds": 20}) == 7.8
     assert real_size.tool_seconds("smoke", {"seconds": 5}) is None and real_size.tool_seconds("quantize", {}) is None
+    # raipack's own checks inside the stage: the quality probes, parity
+    assert real_size.checks_seconds("quantize", {"quality": {"seconds": 12.34}}) == 12.3
+    assert real_size.checks_seconds("export", {"parity": {"seconds": 40.06}, "builder_seconds": 7}) == 40.1
+    assert real_size.checks_seconds("export", {"builder_seconds": 7}) is None and real_size.checks_seconds("fuse", {"seconds": 2}) is None
 
 
 def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
@@ -78,12 +82,12 @@ def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
 
 
 def test_table_shows_each_stage_and_the_package_rows():
-    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "stage_s": 61.5, "process_s": 80.2, "cpu_s": 75.0, "tool_s": 40.5,
+    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "stage_s": 61.5, "process_s": 80.2, "cpu_s": 75.0, "tool_s": 40.5, "checks_s": 9.5,
            "peak_rss": 3 << 30, "peak_anon": 2 << 30, "estimate": 5 << 29, "summary": "rtn uint4 g128", "rc": 0}
-    failed = {**row, "stage": "export", "status": "failed", "stage_s": None, "tool_s": None, "estimate": None, "summary": "", "rc": 1, "error": "log\nERROR: parity failed"}
+    failed = {**row, "stage": "export", "status": "failed", "stage_s": None, "tool_s": None, "checks_s": None, "estimate": None, "summary": "", "rc": 1, "error": "log\nERROR: parity failed"}
     pkg = {"validate": {"validate_s": 0.41, "imports_s": 0.2, "ratio": 2.05, "rc": 0, "files": 180, "bytes": 3 << 30},
            "decode": {"reference_tps": 12.0, "oga_tps": 10.0, "ratio": 1.2, "run_s": 9.0, "run_peak_rss": 1 << 30, "run_stats": "[cpu-reference] 64 tokens"}}
     text = real_size.table({"rows": [row, failed], "packages": {"rtn": pkg}})
-    assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
-    assert "| rtn | export | failed | – |" in text and "ERROR: parity failed" in text
+    assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
+    assert "| rtn | export | failed | – |" in text and "| 75.0 | – | – | " in text and "ERROR: parity failed" in text
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text

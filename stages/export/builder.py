@@ -32,6 +32,7 @@ from raipack.core.package import role_of
 from raipack.stages.export.contract import hf_to_node, is_excluded, layer_weight_spec
 from raipack.stages.export.families import extra_options as family_options
 from raipack.stages.export.families import patched_builder
+from raipack.stages.export.nbits import skip_idle_nbits_pass
 
 # Settings per target, from AMD's published recipes: the NPU flow exports int4 for the CPU EP with
 # float32 activations (Quark run with float32); hybrid packages were built with `-p int4 -e dml`
@@ -238,7 +239,7 @@ def export(
             parsed = parse_extra_options(
                 None, str(quark_dir), str(out), precision, execution_provider, str(cache), kv
             )
-            with patched_builder():
+            with patched_builder(), skip_idle_nbits_pass() as skipped:
                 create_model(None, str(quark_dir), str(out), precision, execution_provider, str(cache), **parsed)
             builder_seconds = time.perf_counter() - t_builder
 
@@ -258,6 +259,8 @@ def export(
         "builder_seconds": round(builder_seconds, 3),
         "builder": "onnxruntime_genai.models.builder",
         "builder_version": getattr(onnxruntime_genai, "__version__", "unknown"),
+        # the builder's int4 pass over the whole model: skipped when it had nothing to quantize (stages/export/nbits.py)
+        "builder_nbits_pass": "skipped" if skipped and all(skipped) else "ran",
         "precision": precision,
         "execution_provider": execution_provider,
         "extra_options": options,

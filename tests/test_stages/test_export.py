@@ -71,6 +71,28 @@ def test_default_export_keeps_quark_exclusions_float(oga_default, tiny_quark):
     assert [p.name for p in folder.parent.iterdir()] == ["oga"]
 
 
+def test_the_builders_idle_int4_pass_is_skipped_and_the_files_are_the_same(oga_default, oga_quantized_head, tiny_quark, tmp_path, monkeypatch):
+    """The builder's int4 pass copies the whole model into one proto (7 GiB at 8B) to quantize nothing when Quark's
+    linears are MatMulNBits already and its exclusions stay float: skipped then (stages/export/nbits.py), run when
+    the builder has a node to quantize (its own lm_head), and the export written with the pass run instead is the
+    same bytes, file for file."""
+    from raipack.stages.export import nbits
+    from raipack.stages.export.builder import export
+
+    assert oga_default[1]["builder_nbits_pass"] == "skipped"
+    assert oga_quantized_head[1]["builder_nbits_pass"] == "ran"
+    monkeypatch.setattr(nbits, "has_work", lambda model: True)
+    ran = export(tiny_quark.quark_dir, tmp_path / "oga")
+    assert ran["builder_nbits_pass"] == "ran"
+    mine = {p.relative_to(oga_default[0]): p.read_bytes() for p in sorted(oga_default[0].rglob("*")) if p.is_file()}
+    theirs = {p.relative_to(tmp_path / "oga"): p.read_bytes() for p in sorted((tmp_path / "oga").rglob("*")) if p.is_file()}
+    assert mine.keys() == theirs.keys() and Path("model.onnx.data") in mine
+    assert [name for name in mine if mine[name] != theirs[name]] == []
+    from onnxruntime_genai.models import builder
+
+    assert builder.Model.to_nbits.__qualname__.endswith("Model.to_nbits")  # the builder's own method is back
+
+
 def test_builder_quantization_of_lm_head_is_caught(oga_quantized_head, tiny_quark):
     folder, report = oga_quantized_head
     model = _load(folder)

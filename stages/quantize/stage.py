@@ -81,6 +81,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     import time
 
     from raipack.runtime.quark_hf import dequantize_once
+    from raipack.stages.quantize.owned import own_mapped_tensors
     from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
 
     t0 = time.perf_counter()
@@ -88,6 +89,11 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     for label, folder in (("source", source), ("quantized", quantized)):
         model, tok = load_hf(folder, dtype=dtype)
         if label == "quantized":
+            # the packed linears in memory of their own (read with pread, not through the mapping), so each is
+            # freed as it is dequantized; as views of the mapped file their pages stayed resident beside the
+            # bfloat16 copies (the 8B AWQ stage peaked at 20.37 GiB there). The embedding and lm_head stay views.
+            embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+            out["quantized_weights_owned"] = own_mapped_tensors(model, keep=[getattr(embed, "weight", None), getattr(head, "weight", None)])
             dequantize_once(model, dtype)  # in the stage's dtype, as the source runs
         out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
         out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT)

@@ -426,6 +426,32 @@ def test_quality_probe_budget_and_dequantized_reload(awq_export, src_with_extras
     assert q["ppl_source"] != pytest.approx(measure(src_with_extras, out, HELDOUT.read_text(), tokens=48)["ppl_source"], rel=1e-6)
 
 
+def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_weights(awq_export, src_with_extras):
+    """dequantize_once frees each packed module as it swaps it, without waiting for a garbage collection
+    (fast_dequantize's reader refers back to its module: at 8B the packed linears held to the end were 3.3 GiB
+    beside their bfloat16 copies); the probe first moves them out of the mapped file so their pages go too."""
+    import gc
+    import weakref
+
+    from raipack.runtime.quark_hf import dequantize_once
+    from raipack.stages.quantize.quality import load_hf
+    from raipack.stages.quantize.stage import measure
+
+    out, record, _ = awq_export
+    model, _ = load_hf(out)
+    packed = [weakref.ref(m) for m in model.modules() if type(m).__name__ == "QParamsLinear"]
+    assert len(packed) == record["layers_quantized"]
+    gc.disable()
+    try:
+        assert dequantize_once(model) == record["layers_quantized"]
+        assert [r for r in packed if r() is not None] == []
+    finally:
+        gc.enable()
+    q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=24)
+    if sys.platform.startswith("linux"):  # /proc/self/maps: the packed weights were views of the mapped export
+        assert q["quantized_weights_owned"]["tensors"] >= record["layers_quantized"] and q["quantized_weights_owned"]["bytes"] > 0
+
+
 def test_quality_probe_runs_the_quantized_model_in_the_stages_dtype(awq_export):
     """With dtype bfloat16 the reloaded export's float tensors and its dequantized linears are bfloat16
     (not a float32 copy of every linear), and its logits stay those of the float32 reload."""

@@ -186,17 +186,23 @@ def measured(args: list[str], env: dict, tmp: Path, sample_s: float = 0.2) -> di
 
 def tool_seconds(stage: str, report: dict) -> float | None:
     """The bare tool's own time for the stage's work, as the stage timed it: Quark's load, quantize and export
-    calls; the model builder's call. None for a stage whose work is raipack's own (fuse, smoke)."""
+    calls; the model builder's call; smoke has no outside tool, its work is the package answering its prompts
+    on the runtime (the fixed prompt and the tier prompts). None for fuse, whose work is raipack's own."""
     if stage == "quantize" and "seconds_quantize" in report:
         return round(sum(report.get(k) or 0 for k in ("seconds_load", "seconds_quantize", "seconds_export")), 1)
     if stage == "export" and "builder_seconds" in report:
         return round(report["builder_seconds"], 1)
+    if stage == "smoke" and "seconds_package" in report:
+        return round(report["seconds_package"], 1)
     return None
 
 
 def checks_seconds(stage: str, report: dict) -> float | None:
     """raipack's own checks inside the stage, as the stage timed them: the quality probes (quantize), parity
-    (export). None where the stage has none of its own timing."""
+    (export), the package's perplexity and the export's check of its tokens (smoke). None where the stage has
+    none of its own timing."""
+    if stage == "smoke" and "seconds_export_check" in report:
+        return round(sum(report.get(k) or 0 for k in ("seconds_perplexity", "seconds_export_check")), 1)
     part = {"quantize": "quality", "export": "parity"}.get(stage)
     seconds = (report.get(part) or {}).get("seconds") if part else None
     return round(seconds, 1) if seconds is not None else None

@@ -64,7 +64,9 @@ def test_each_model_is_its_published_size_and_the_tool_time_comes_from_the_stage
     assert sum(int(np.prod(s)) for _, s in real_size.tensor_shapes(real_size.MODELS["llama-3.1-8b"])) == sizes["llama-3.1-8b"]  # untied lm_head written
     assert real_size.tool_seconds("quantize", {"seconds_load": 1.0, "seconds_quantize": 10.25, "seconds_export": 2.0, "seconds": 30}) == 13.2
     assert real_size.tool_seconds("export", {"builder_seconds": 7.84, "seconds": 20}) == 7.8
-    assert real_size.tool_seconds("smoke", {"seconds": 5}) is None and real_size.tool_seconds("quantize", {}) is None
+    assert real_size.tool_seconds("smoke", {"seconds_package": 3.04, "seconds_perplexity": 1.0, "seconds_export_check": 0.5}) == 3.0
+    assert real_size.checks_seconds("smoke", {"seconds_package": 3.04, "seconds_perplexity": 1.0, "seconds_export_check": 0.56}) == 1.6
+    assert real_size.tool_seconds("fuse", {"seconds": 5}) is None and real_size.tool_seconds("quantize", {}) is None
     # raipack's own checks inside the stage: the quality probes, parity
     assert real_size.checks_seconds("quantize", {"quality": {"seconds": 12.34}}) == 12.3
     assert real_size.checks_seconds("export", {"parity": {"seconds": 40.06}, "builder_seconds": 7}) == 40.1

@@ -66,6 +66,7 @@ def prompt_lengths(tiers: list[int], max_prompt: int, max_tier: int, new_tokens:
 
 def run(job: Job) -> dict:
     import gc
+    import time
 
     from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
     from raipack.runtime.ortloop import OrtDecoder
@@ -91,6 +92,7 @@ def run(job: Job) -> dict:
     if runtime is None:
         return _summarize(report)
 
+    started = time.perf_counter()
     main = timed_generate(runtime, fixed, cfg.max_new_tokens, stop_at_eos=False)
     answer_tokens = main.tokens[: next((i + 1 for i, t in enumerate(main.tokens) if t in runtime.eos_token_ids), len(main.tokens))]
     report.update(answer=tok.decode(answer_tokens, skip_special_tokens=True).strip(), finite=main.finite,
@@ -114,8 +116,13 @@ def run(job: Job) -> dict:
     except RuntimeRefusal as exc:
         report["overlong_prompt_refused"] = True
         report["overlong_prompt_message"] = str(exc)
+    # the stage's work is the package answering its prompts; the perplexity and the export's check are raipack's own checks
+    seconds = {"package": time.perf_counter() - started}
     if cfg.perplexity:
+        started = time.perf_counter()
         _perplexities(report, runtime, tok, fixed, cfg, job.progress)
+        seconds["perplexity"] = time.perf_counter() - started
+    started = time.perf_counter()
     # One model at a time: the package's weights are freed before the export's are loaded (at 8B each is
     # ~8 GiB; held together they were the stage's peak). The export checks the package's tokens afterwards.
     del runtime
@@ -129,6 +136,8 @@ def run(job: Job) -> dict:
         t["tokens_match_export"] = list(t.pop("tokens")) == want[t["prompt_tokens"]]
     report["tiers"] = per_tier
     del reference
+    seconds["export_check"] = time.perf_counter() - started
+    report.update({f"seconds_{k}": round(v, 2) for k, v in seconds.items()})
     report["peak_rss_mib"] = round(peak_rss_mib(), 1)
     report["expected_answer"] = job.recipe.expected_answer
     problems = _problems(report, job.recipe.expected_answer)

@@ -89,6 +89,8 @@ def test_smoke_checks_every_tier_against_one_export_prefill(monkeypatch):
     # prompt in chunks, then one call over tier_new_tokens - 1 tokens per tier; never a decode loop
     assert calls[1:] == [15] + [chunk] * (longest // chunk) + [longest % chunk] + [3] * len(tiers)
     assert calls[0] > 1 and 1 not in calls
+    # the stage's time in parts: the package's runs (its work) and the export's check (raipack's own; no perplexity asked)
+    assert report["seconds_package"] > 0 and report["seconds_export_check"] > 0 and "seconds_perplexity" not in report
 
 def test_a_tier_whose_tokens_differ_from_the_export_fails_the_smoke_stage(monkeypatch):
     from raipack.runtime import chat

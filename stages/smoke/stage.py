@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, Stage
@@ -68,9 +68,8 @@ def run(job: Job) -> dict:
     import gc
     import time
 
-    from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib, timed_generate
-    from raipack.runtime.ortloop import OrtDecoder
-    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
+    from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib
+    from raipack.runtime.reference import ReferenceRuntime
     from raipack.stages.smoke.npu import try_npu
 
     cfg: SmokeConfig = job.config
@@ -92,7 +91,48 @@ def run(job: Job) -> dict:
     if runtime is None:
         return _summarize(report)
 
+    # the stage's work is the package answering its prompts; the perplexity and the export's check are raipack's own checks
+    seconds = {}
     started = time.perf_counter()
+    runs = _run_package(report, runtime, tok, fixed, cfg, job.progress)
+    seconds["package"] = time.perf_counter() - started
+    if cfg.perplexity:
+        started = time.perf_counter()
+        _perplexities(report, runtime, tok, fixed, cfg, job.progress)
+        seconds["perplexity"] = time.perf_counter() - started
+    started = time.perf_counter()
+    # One model at a time: the package's weights are freed before the export's are loaded (at 8B each is
+    # ~8 GiB; held together they were the stage's peak). The export checks the package's tokens afterwards.
+    del runtime
+    gc.collect()
+    _check_against_export(report, export, runs, cfg.threads)
+    seconds["export_check"] = time.perf_counter() - started
+    report.update({f"seconds_{k}": round(v, 2) for k, v in seconds.items()})
+    report["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    report["expected_answer"] = job.recipe.expected_answer
+    problems = _problems(report, job.recipe.expected_answer)
+    report["problems"] = problems
+    if problems:
+        raise RaipackError(f"smoke test failed: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), "see the smoke report; rebuild with --force from the failing stage")
+    return _summarize(report)
+
+
+class PackageRuns(NamedTuple):
+    """What the package answered, for the export to check: the fixed prompt and its tokens, the longest tier
+    prompt (every tier's is a prefix of it), the per-tier records (their tokens still in them)."""
+
+    fixed: list[int]
+    tokens: list[int]
+    longest: list[int]
+    tiers: list[dict]
+
+
+def _run_package(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig, progress) -> PackageRuns:
+    """The package answers the fixed prompt and one prompt per prefill tier, the NPU runtime's way, and must
+    refuse a prompt over its limit."""
+    from raipack.runtime.chat import timed_generate
+    from raipack.runtime.reference import RuntimeRefusal
+
     main = timed_generate(runtime, fixed, cfg.max_new_tokens, stop_at_eos=False)
     answer_tokens = main.tokens[: next((i + 1 for i, t in enumerate(main.tokens) if t in runtime.eos_token_ids), len(main.tokens))]
     report.update(answer=tok.decode(answer_tokens, skip_special_tokens=True).strip(), finite=main.finite,
@@ -103,7 +143,7 @@ def run(job: Job) -> dict:
     lengths = prompt_lengths(runtime.prefill_tiers, runtime.max_prompt_length, cfg.max_tier, cfg.tier_new_tokens,
                              None if cfg.tiers == "all" else cfg.all_tiers_up_to)
     longest = tier_prompt(tok, max((n for _, n in lengths), default=0))  # every tier's prompt is a prefix of it
-    with job.progress.task("prefill tiers", len(lengths)) as advance:
+    with progress.task("prefill tiers", len(lengths)) as advance:
         for t, length in lengths:
             got = timed_generate(runtime, longest[:length], cfg.tier_new_tokens, stop_at_eos=False)
             per_tier.append({"tier": t, "prompt_tokens": length, "prefill_calls": runtime.prefill_calls(), "ttft_s": round(got.ttft, 4), "finite": got.finite, "tokens": got.tokens})
@@ -116,35 +156,22 @@ def run(job: Job) -> dict:
     except RuntimeRefusal as exc:
         report["overlong_prompt_refused"] = True
         report["overlong_prompt_message"] = str(exc)
-    # the stage's work is the package answering its prompts; the perplexity and the export's check are raipack's own checks
-    seconds = {"package": time.perf_counter() - started}
-    if cfg.perplexity:
-        started = time.perf_counter()
-        _perplexities(report, runtime, tok, fixed, cfg, job.progress)
-        seconds["perplexity"] = time.perf_counter() - started
-    started = time.perf_counter()
-    # One model at a time: the package's weights are freed before the export's are loaded (at 8B each is
-    # ~8 GiB; held together they were the stage's peak). The export checks the package's tokens afterwards.
-    del runtime
-    gc.collect()
-    reference = OrtDecoder(export, threads=cfg.threads)
-    expected = reference.forced(fixed, {len(fixed): main.tokens}, EXPORT_CHUNK)[len(fixed)]  # two export calls, not a decode loop
-    report["tokens_match_export"] = list(main.tokens) == list(expected)
-    # the export's choices for every tier from one prefill of the longest prompt (see OrtDecoder.forced)
-    want = reference.forced(longest, {t["prompt_tokens"]: t["tokens"] for t in per_tier}, EXPORT_CHUNK) if per_tier else {}
-    for t in per_tier:
+    return PackageRuns(fixed, list(main.tokens), longest, per_tier)
+
+
+def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads: int | None) -> None:
+    """The export's greedy choices along the package's tokens: the fixed prompt in two calls, every tier from one
+    prefill of the longest prompt (OrtDecoder.forced); each tier record gets `tokens_match_export` for its tokens."""
+    from raipack.runtime.ortloop import OrtDecoder
+
+    reference = OrtDecoder(export, threads=threads)
+    fixed = runs.fixed
+    expected = reference.forced(fixed, {len(fixed): runs.tokens}, EXPORT_CHUNK)[len(fixed)]  # two export calls, not a decode loop
+    report["tokens_match_export"] = runs.tokens == list(expected)
+    want = reference.forced(runs.longest, {t["prompt_tokens"]: t["tokens"] for t in runs.tiers}, EXPORT_CHUNK) if runs.tiers else {}
+    for t in runs.tiers:
         t["tokens_match_export"] = list(t.pop("tokens")) == want[t["prompt_tokens"]]
-    report["tiers"] = per_tier
-    del reference
-    seconds["export_check"] = time.perf_counter() - started
-    report.update({f"seconds_{k}": round(v, 2) for k, v in seconds.items()})
-    report["peak_rss_mib"] = round(peak_rss_mib(), 1)
-    report["expected_answer"] = job.recipe.expected_answer
-    problems = _problems(report, job.recipe.expected_answer)
-    report["problems"] = problems
-    if problems:
-        raise RaipackError(f"smoke test failed: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), "see the smoke report; rebuild with --force from the failing stage")
-    return _summarize(report)
+    report["tiers"] = runs.tiers
 
 
 def _perplexities(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig, progress) -> None:

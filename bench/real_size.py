@@ -24,6 +24,7 @@ downloaded. Usage:
     python bench/real_size.py --tiny         # 2 small layers: checks the script in a few minutes
     python bench/real_size.py --algorithms rtn --keep /tmp/real   # keep the model, cache and packages
     python bench/real_size.py --model llama-3.2-3b --algorithms rtn --until export   # the first stages only
+    python bench/real_size.py --model llama-3.1-8b --keep /tmp/real --from smoke     # again from smoke: the rest cache hits
 """
 
 from __future__ import annotations
@@ -239,15 +240,16 @@ def write_recipe(model: Path, algorithm: str, out_root: Path, tmp: Path, smoke_m
     return recipe
 
 
-def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dict, tmp: Path, on_row=None) -> list[dict]:
-    """Each stage of `raipack build BUILD_ARGS` (the recipe and flags) in a process of its own (`--until STAGE`; the earlier ones are cache hits);
-    `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows), the last stage built when it returns True."""
+def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dict, on_row=None, first: str | None = None) -> list[dict]:
+    """Each stage of `raipack build BUILD_ARGS` (the recipe and flags) in a process of its own (`--until STAGE`; the earlier ones are cache hits),
+    from stage `first` on when given; `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows), the last
+    stage built when it returns True. The work folder is `out_root`'s parent."""
     from raipack.builder import stages
 
+    tmp = out_root.parent
     rows = []
-    for name in stages.order():
-        if stages.get(name).kind == stages.MODEL_KIND:
-            continue  # the model folder stands in for the source stage
+    names = [n for n in stages.order() if stages.get(n).kind != stages.MODEL_KIND]  # the model folder stands in for the source stage
+    for name in names[names.index(first) if first else 0:]:
         run = measured(["build", *build_args, "--until", name, "--json-log"], env, tmp)
         event = next((e for e in _events(run["stderr"]) if e.get("event") == "stage" and e.get("stage") == name), {})
         report = stage_report(out_root, name) if run["rc"] == 0 else {}
@@ -377,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ignore-memory", action="store_true",
                     help="pass --ignore-memory to raipack build: run a stage its estimate refuses, to measure the peak the estimate is judged by")
     ap.add_argument("--until", metavar="STAGE", help="build the stages up to this one only (quantize, export, fuse or smoke), without the package rows")
+    ap.add_argument("--from", dest="first", metavar="STAGE", choices=("quantize", "export", "fuse", "smoke"),
+                    help="measure the stages from this one on (with --keep: the earlier ones are cache hits of an earlier run, whose rows are kept)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder)")
     ap.add_argument("--table", type=Path, metavar="JSON", help="only print the Markdown tables of a result file (bench/out/real_size_<model>.json)")
     args = ap.parse_args(argv)
@@ -394,15 +398,23 @@ def main(argv: list[str] | None = None) -> int:
             remove(work)  # cache entries are sealed read-only
 
 
+def _stage_index(name: str | None) -> int:
+    """The position of stage `name` in the build's order (0 for None)."""
+    from raipack.builder import stages
+
+    return stages.order().index(name) if name else 0
+
+
 def run_all(args: argparse.Namespace, work: Path) -> int:
     cfg = {**MODELS[args.model], **(TINY if args.tiny else {})}
     env = {**os.environ, "RAIPACK_CACHE": str(work / "cache")}
     result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}}
     target = HERE / "out" / (f"real_size_{args.model}_tiny.json" if args.tiny else f"real_size_{args.model}.json")
     algorithms = args.algorithms.split(",")
-    if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on)
+    first = _stage_index(args.first)
+    if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on), and with --from the earlier stages' rows
         old = json.loads(target.read_text())
-        kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms]
+        kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms or _stage_index(r["stage"]) < first]
         if kept:
             result["rows"] = kept
             result["packages"] = {k: v for k, v in old.get("packages", {}).items() if k not in algorithms}
@@ -416,7 +428,8 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
         out_root = work / f"build-{algorithm}"
         recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
         build_args = ["--recipe", str(recipe), *(["--ignore-memory"] if args.ignore_memory else [])]
-        rows = build_stages(build_args, algorithm, out_root, env, work, on_row=lambda row: (result["rows"].append(row), save(result, target), row["stage"] == args.until)[-1])
+        rows = build_stages(build_args, algorithm, out_root, env, on_row=lambda row: (result["rows"].append(row), save(result, target), row["stage"] == args.until)[-1],
+                            first=args.first)
         if args.until:
             continue
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "real_size.py"
 spec = importlib.util.spec_from_file_location("real_size", BENCH)
@@ -78,7 +79,7 @@ def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))  # no weights: refused before any stage
     recipe = real_size.write_recipe(model, "rtn", tmp_path / "out", tmp_path, None)
-    rows = real_size.build_stages(["--recipe", str(recipe)], "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")}, tmp_path)
+    rows = real_size.build_stages(["--recipe", str(recipe)], "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")})
     assert len(rows) == 1 and rows[0]["rc"] == 2 and rows[0]["status"] == "failed"
     assert "safetensors" in rows[0]["error"]
 
@@ -93,3 +94,33 @@ def test_table_shows_each_stage_and_the_package_rows():
     assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
     assert "| rtn | export | failed | – |" in text and "| 75.0 | – | – | " in text and "ERROR: parity failed" in text
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text
+
+
+def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, monkeypatch):
+    """--from smoke: only smoke is measured again; the earlier stages' rows of that algorithm, and the other algorithm's, stay."""
+    import argparse
+
+    monkeypatch.setattr(real_size, "HERE", tmp_path)
+    old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "real_size_llama-3.2-1b.json").write_text(json.dumps({"rows": [*old, {"algorithm": "awq", "stage": "smoke", "rc": 0}], "packages": {}}))
+    seen = {}
+
+    def fake_build(build_args, algorithm, out_root, env, on_row=None, first=None):
+        seen["first"] = first
+        row = {"algorithm": algorithm, "stage": "smoke", "status": "built", "rc": 0, "new": True}
+        on_row(row)
+        return [row]
+
+    monkeypatch.setattr(real_size, "build_stages", fake_build)
+    work = tmp_path / "work"
+    (work / "llama-3.2-1b-random").mkdir(parents=True)
+    (work / "llama-3.2-1b-random" / "model.safetensors").write_bytes(b"")  # an earlier run's model: not written again
+    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, until="smoke", first="smoke")
+    assert real_size.run_all(args, work) == 0
+    rows = json.loads((tmp_path / "out" / "real_size_llama-3.2-1b.json").read_text())["rows"]
+    assert seen["first"] == "smoke"
+    assert [(r["algorithm"], r["stage"], r.get("new", False)) for r in rows] == [
+        ("rtn", "quantize", False), ("rtn", "export", False), ("rtn", "fuse", False), ("awq", "smoke", False), ("rtn", "smoke", True)]
+    with pytest.raises(SystemExit):  # a stage name it does not know is a usage error, not a traceback
+        real_size.main(["--from", "smok"])

@@ -291,8 +291,11 @@ def test_smoke_runs_the_tiers_up_to_1024_and_the_largest_once():
     scaled = prompt_lengths(tiers, 4096, 4096, 4, all_up_to=1024)
     assert [t for t, _ in every] == tiers
     assert [t for t, _ in scaled] == [1, 128, 256, 512, 768, 1024, 4096]
-    assert scaled[-1] == every[-1] == (4096, 4093)  # the largest prompt still lands above the tier below it (3072)
-    assert prompt_lengths(tiers, 4096, 1024, 4, all_up_to=1024) == every[:6]  # max_tier 1024: nothing above to add
+    # the largest tier's prompt is its shortest, one above the tier below it (3072): the package pays for the padded
+    # tier anyway, the export's check for the prompt; the others are their tier's longest but three
+    assert scaled[-1] == every[-1] == (4096, 3073)
+    assert scaled[:-1] == every[:6] == [(1, 1), (128, 125), (256, 253), (512, 509), (768, 765), (1024, 1021)]
+    assert prompt_lengths(tiers, 4096, 1024, 4, all_up_to=1024) == [*every[:5], (1024, 769)]  # max_tier 1024: its largest is 1024
     assert prompt_lengths([], 4096, 4096, 4, all_up_to=1024) == [(4096, 4092)]  # no tiers (hybrid): one prompt, as before
 
 

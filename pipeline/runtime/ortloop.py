@@ -44,6 +44,7 @@ class OrtDecoder:
         providers: Sequence[str] | None = None,
         filename: str | None = None,
         session_options=None,
+        logits_rows: bool = False,
     ):
         import onnxruntime as ort
 
@@ -75,8 +76,12 @@ class OrtDecoder:
             so.intra_op_num_threads = int(threads)
             so.inter_op_num_threads = 1
         path = self.folder / (filename or dec.get("filename", "model.onnx"))
+        # logits_rows: the graph gets an input saying which positions' logits to compute (rows_graph)
+        self.logits_rows = logits_rows
+        if logits_rows:
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         self.session = ort.InferenceSession(
-            str(path), so, providers=list(providers or ["CPUExecutionProvider"])
+            rows_graph(path, self.logits_name) if logits_rows else str(path), so, providers=list(providers or ["CPUExecutionProvider"])
         )
         graph_inputs = {i.name: i for i in self.session.get_inputs()}
         self.has_attention_mask = self.attention_mask_name in graph_inputs
@@ -101,8 +106,9 @@ class OrtDecoder:
             for k, v in self.past_names
         ]
 
-    def forward(self, ids: np.ndarray, past: list[tuple[np.ndarray, np.ndarray]]):
-        """One call: `ids` [1, s] after `past` (length p). Returns (logits [1, s', V], present)."""
+    def forward(self, ids: np.ndarray, past: list[tuple[np.ndarray, np.ndarray]], rows: Sequence[int] | None = None):
+        """One call: `ids` [1, s] after `past` (length p). Returns (logits [1, s', V], present). On a decoder made
+        with `logits_rows`, `rows` (positions in this call) are the logits computed, in that order (default all)."""
         ids = np.asarray(ids).reshape(1, -1)
         past_len = past[0][0].shape[2]
         total = past_len + ids.shape[1]
@@ -113,6 +119,8 @@ class OrtDecoder:
             feed[self.position_ids_name] = np.arange(past_len, total, dtype=self._dtype[self.position_ids_name]).reshape(1, -1)
         for (kn, vn), (k, v) in zip(self.past_names, past):
             feed[kn], feed[vn] = k, v
+        if self.logits_rows:
+            feed[ROWS_INPUT] = np.asarray(range(ids.shape[1]) if rows is None else rows, np.int64).reshape(-1)
         out = self.session.run(self.output_names, feed)
         present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self.num_layers)]
         return out[0], present
@@ -163,10 +171,15 @@ class OrtDecoder:
         past, chosen = self.empty_past(), {}
         for start in range(0, ids.size, step):
             chunk = ids[start : start + step]
+            wanted = sorted(r for r in rows if start <= r < start + chunk.size)
+            if self.logits_rows:  # only the rows asked for are computed (at least one: the lm_head's shape stays a matrix)
+                logits, past = self.forward(chunk[None, :], past, [r - start for r in wanted] or [chunk.size - 1])
+                chosen.update({r: int(np.argmax(logits[0, i])) for i, r in enumerate(wanted)})
+                continue
             logits, past = self.forward(chunk[None, :], past)
             if logits.shape[1] != chunk.size:  # pruned lm_head: the rows are not there to compare
                 return {n: self.greedy(ids[:n], len(t), chunk_size=chunk_size)[0] for n, t in branches.items()}
-            chosen.update({r: int(np.argmax(logits[0, r - start])) for r in rows if start <= r < start + chunk.size})
+            chosen.update({r: int(np.argmax(logits[0, r - start])) for r in wanted})
             del logits  # the chunk's rows, before the next call allocates its own
         out = {}
         for n, tokens in branches.items():
@@ -212,6 +225,36 @@ class OrtDecoder:
             out, past = self.forward(np.array([[tok]], np.int64), past)
             row = np.asarray(out, dtype=np.float32)[0, -1]
         return tokens, rows
+
+
+ROWS_INPUT = "raipack_logits_rows"
+
+
+def rows_graph(path: Path, logits_name: str) -> bytes:
+    """The decoder graph at `path` (its external data stays where it is) with one more input, ROWS_INPUT (int64,
+    [rows]): the lm_head reads the hidden states of those positions only, so a long prefill whose rows are not
+    compared does not compute them (at Llama-3.1-8B the lm_head is 7 % of a prefill; 128K logits per position).
+    The lm_head is the MatMul (or MatMulNBits/Gemm) the logits output is computed from, through elementwise nodes."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    node = producer.get(logits_name)
+    while node is not None and node.op_type not in ("MatMul", "MatMulNBits", "Gemm"):
+        node = producer.get(node.input[0]) if node.op_type in ("Cast", "Add", "Mul", "Identity") else None
+    if node is None:
+        raise ValueError(f"{path.name}: no lm_head MatMul computes {logits_name!r}")
+    gathered = f"{node.input[0]}/{ROWS_INPUT}"
+    gather = helper.make_node("Gather", [node.input[0], ROWS_INPUT], [gathered], name=f"/{ROWS_INPUT}/Gather", axis=1)
+    graph.node.insert(list(graph.node).index(node), gather)
+    node.input[0] = gathered
+    graph.input.append(helper.make_tensor_value_info(ROWS_INPUT, TensorProto.INT64, ["rows"]))
+    for out in graph.output:
+        if out.name == logits_name and len(out.type.tensor_type.shape.dim) == 3:
+            out.type.tensor_type.shape.dim[1].dim_param = "rows"
+    return model.SerializeToString()
 
 
 def perplexity(logits: np.ndarray, input_ids: Sequence[int], block: int = 64) -> float:

@@ -170,7 +170,7 @@ def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads
     prefill of the longest prompt (OrtDecoder.forced); each tier record gets `tokens_match_export` for its tokens."""
     from raipack.runtime.ortloop import OrtDecoder
 
-    reference = OrtDecoder(export, threads=threads)
+    reference = OrtDecoder(export, threads=threads, logits_rows=True)  # the lm_head computes the compared rows only
     fixed = runs.fixed
     expected = reference.forced(fixed, {len(fixed): runs.tokens}, EXPORT_CHUNK)[len(fixed)]  # two export calls, not a decode loop
     report["tokens_match_export"] = runs.tokens == list(expected)

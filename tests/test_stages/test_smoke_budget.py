@@ -43,6 +43,24 @@ def test_forced_gives_greedys_tokens_for_every_prefix_from_one_prefill(dec, monk
     assert dec.forced(PROMPT[:300], {300: want[300]}) == {300: want[300]}  # unchunked too
 
 
+def test_a_decoder_with_logits_rows_computes_only_the_rows_asked_for(dec):
+    """logits_rows: the lm_head reads the positions given (the same rows as the whole graph's, in that order), and
+    forced() asks for the rows it compares only: the same tokens as the plain graph from far smaller outputs."""
+    rows = OrtDecoder(reference_export()[0], threads=1, logits_rows=True)
+    ids = np.asarray(PROMPT[:50], np.int64)[None, :]
+    full, present = dec.forward(ids, dec.empty_past())
+    some, present_rows = rows.forward(ids, rows.empty_past(), [49, 0, 17])
+    assert some.shape == (1, 3, full.shape[-1]) and np.allclose(some[0], full[0, [49, 0, 17]], atol=1e-5)
+    assert all(np.array_equal(a, b) for pa, pb in zip(present, present_rows) for a, b in zip(pa, pb))  # the keys and values are untouched
+    assert rows.forward(ids, rows.empty_past())[0].shape == full.shape  # no rows given: all of them
+    want = {n: dec.greedy(PROMPT[:n], 4)[0] for n in (1, 700)}
+    sizes = []
+    forward = rows.forward
+    rows.forward = lambda ids, past, which=None: (lambda out: (sizes.append(out[0].shape[1]), out)[1])(forward(ids, past, which))
+    assert rows.forced(PROMPT, want, chunk_size=256) == want
+    assert sizes == [1, 1, 1, 3, 3]  # row 0; none asked in the second chunk of 256 (one computed, unread); row 699; each branch's three tokens
+
+
 def test_forced_names_the_first_token_greedy_would_change(dec):
     want = dec.greedy(PROMPT[:40], 5)[0]
     changed = list(want)
@@ -79,7 +97,7 @@ def test_smoke_checks_every_tier_against_one_export_prefill(monkeypatch):
 
     calls = []
     forward = OrtDecoder.forward
-    monkeypatch.setattr(OrtDecoder, "forward", lambda self, ids, past: calls.append(np.asarray(ids).shape[1]) or forward(self, ids, past))
+    monkeypatch.setattr(OrtDecoder, "forward", lambda self, ids, past, rows=None: calls.append(np.asarray(ids).shape[1]) or forward(self, ids, past, rows))
     report = stage.run(smoke_job())
     assert report["finite"] and report["tokens_match_export"]
     tiers = report["tiers"]

@@ -351,13 +351,16 @@ def _gib(n: int | None) -> str:
 
 def table(result: dict) -> str:
     """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size_<model>.json."""
-    lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | stage summary |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        tool, checks = r.get("tool_s"), r.get("checks_s")
-        lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {r['stage_s'] if r['stage_s'] is not None else '–'} | {r['process_s']} | "
-                     f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {checks if checks is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | {_gib(r['estimate'])} | "
-                     f"{r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
+    lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | stage / tool | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | estimate / peak | stage summary |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = ["quantize", "export", "fuse", "smoke"]
+    for r in sorted(result["rows"], key=lambda r: (r["algorithm"] != "rtn", r["algorithm"], order.index(r["stage"]) if r["stage"] in order else len(order))):
+        tool, checks, stage_s = r.get("tool_s"), r.get("checks_s"), r["stage_s"]
+        ratio = f"{stage_s / tool:.2f}x" if tool and stage_s else "–"
+        fit = f"{r['estimate'] / r['peak_rss']:.2f}x" if r.get("estimate") and r.get("peak_rss") else "–"
+        lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {stage_s if stage_s is not None else '–'} | {r['process_s']} | "
+                     f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {ratio} | {checks if checks is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | "
+                     f"{_gib(r['estimate'])} | {fit} | {r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
     lines += ["", "| quantization | validate (whole process) | `python -c \"import onnx, jsonschema\"` | ratio | exit | decode, reference runtime | onnxruntime-genai on the export | ratio | `raipack run` |",
               "|---|---|---|---|---|---|---|---|---|"]
     for algorithm, p in result["packages"].items():

@@ -91,8 +91,10 @@ def test_table_shows_each_stage_and_the_package_rows():
     pkg = {"validate": {"validate_s": 0.41, "imports_s": 0.2, "ratio": 2.05, "rc": 0, "files": 180, "bytes": 3 << 30},
            "decode": {"reference_tps": 12.0, "oga_tps": 10.0, "ratio": 1.2, "run_s": 9.0, "run_peak_rss": 1 << 30, "run_stats": "[cpu-reference] 64 tokens"}}
     text = real_size.table({"rows": [row, failed], "packages": {"rtn": pkg}})
-    assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | rtn uint4 g128 |" in text
-    assert "| rtn | export | failed | – |" in text and "| 75.0 | – | – | " in text and "ERROR: parity failed" in text
+    assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 1.52x | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | 0.83x | rtn uint4 g128 |" in text
+    assert "| rtn | export | failed | – |" in text and "| 75.0 | – | – | – | " in text and "ERROR: parity failed" in text
+    awq = real_size.table({"rows": [{**row, "algorithm": "awq"}, failed, row], "packages": {}})
+    assert [line.split("|")[1:3] for line in awq.splitlines()[2:5]] == [[" rtn ", " quantize "], [" rtn ", " export "], [" awq ", " quantize "]]  # RTN first, stages in order
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text
 
 

@@ -12,6 +12,9 @@ from raipack.npu.spec import Profile
 from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
+# the probes' greedy answer to PROMPT: a sentence's worth of tokens (32 before issue 25: at Llama-3.1-8B each step is
+# about 0.8 s per model in transformers, and the probes were 30 % of the RTN stage)
+ANSWER_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
             out["quantized_weights_owned"] = own_mapped_tensors(model, keep=[getattr(embed, "weight", None), getattr(head, "weight", None)])
             dequantize_once(model, dtype)  # in the stage's dtype, as the source runs
         out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
-        out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT)
+        out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT, max_new_tokens=ANSWER_TOKENS)
         del model
     out["ppl_increase"] = round(out["ppl_quantized"] / out["ppl_source"] - 1, 4)
     out["prompt"] = PROMPT

@@ -426,6 +426,18 @@ def test_quality_probe_budget_and_dequantized_reload(awq_export, src_with_extras
     assert q["ppl_source"] != pytest.approx(measure(src_with_extras, out, HELDOUT.read_text(), tokens=48)["ppl_source"], rel=1e-6)
 
 
+def test_the_probes_answer_in_a_sentence_of_tokens(awq_export, src_with_extras, monkeypatch):
+    """Each model's greedy answer is ANSWER_TOKENS new tokens at most (16: at 8B a step is ~0.8 s per model)."""
+    from raipack.stages.quantize import quality
+    from raipack.stages.quantize.stage import ANSWER_TOKENS, measure
+
+    asked, real = [], quality.greedy_answer
+    monkeypatch.setattr(quality, "greedy_answer", lambda model, tok, prompt, max_new_tokens=32: asked.append(max_new_tokens) or real(model, tok, prompt, max_new_tokens))
+    out, _, _ = awq_export
+    q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=8)
+    assert asked == [ANSWER_TOKENS, ANSWER_TOKENS] == [16, 16] and q["answer_source"] and q["answer_quantized"]
+
+
 def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_weights(awq_export, src_with_extras):
     """dequantize_once frees each packed module as it swaps it, without waiting for a garbage collection
     (fast_dequantize's reader refers back to its module: at 8B the packed linears held to the end were 3.3 GiB

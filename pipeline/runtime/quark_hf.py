@@ -6,16 +6,18 @@ export through transformers' built-in Quark support. torch is imported inside th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def dequantize_once(model: Any, dtype: str = "float32") -> int:
+def dequantize_once(model: Any, dtype: str = "float32", after_each: Callable[[], object] | None = None) -> int:
     """Swap Quark's weight-only `QParamsLinear` modules (which dequantize their packed weight on
     every call) for `nn.Linear` holding that same dequantized weight, in `dtype` (a torch dtype's
     name: the quantize stage's, so its probes of an 8B model hold 16 GB of bfloat16 linears, not
     32 GB of float32). In float32 the forward is the same `F.linear` on the same tensor, so logits
     do not change; decoding gets ~10x faster. Returns the number of modules swapped; modules with
-    activation quantizers are left alone."""
+    activation quantizers are left alone. ``after_each()`` runs after each swap (the quantize stage's probe
+    returns the freed heap there, heap.trim_heap)."""
     import torch
     from torch import nn
 
@@ -42,6 +44,8 @@ def dequantize_once(model: Any, dtype: str = "float32") -> int:
         mod._parameters.clear()
         del mod
         swapped += 1
+        if after_each is not None:
+            after_each()
     return swapped
 
 

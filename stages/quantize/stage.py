@@ -83,6 +83,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     (Quark's modules dequantize on every call: the greedy decode was most of the probes' time)."""
     import time
 
+    from raipack.runtime.heap import trim_heap
     from raipack.runtime.quark_hf import dequantize_once
     from raipack.stages.quantize.owned import own_mapped_tensors
     from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
@@ -97,10 +98,15 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
             # bfloat16 copies (the 8B AWQ stage peaked at 20.37 GiB there). The embedding and lm_head stay views.
             embed, head = model.get_input_embeddings(), model.get_output_embeddings()
             out["quantized_weights_owned"] = own_mapped_tensors(model, keep=[getattr(embed, "weight", None), getattr(head, "weight", None)])
-            dequantize_once(model, dtype)  # in the stage's dtype, as the source runs
+            # in the stage's dtype, as the source runs; the heap trimmed after each swap: Quark leaves glibc's heap 14 to
+            # 34 GiB wide and mostly free, every allocation reuses it, and the packed weights and temporaries freed in its
+            # middle stayed resident (the 8B RTN probe's dequantization ended at 16.3 and 21.0 GiB of anonymous memory
+            # for 13 GiB of bfloat16 linears; trimmed, 13.7 GiB and the stage's peak 15.4 GiB, 12-18 s more)
+            dequantize_once(model, dtype, after_each=trim_heap)
         out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
         out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT, max_new_tokens=ANSWER_TOKENS)
         del model
+        trim_heap()  # the dequantized linears' heap chunks (8 GiB at 8B) are not left resident for the stages after
     out["ppl_increase"] = round(out["ppl_quantized"] / out["ppl_source"] - 1, 4)
     out["prompt"] = PROMPT
     out["tokens"] = tokens

@@ -438,13 +438,16 @@ def test_the_probes_answer_in_a_sentence_of_tokens(awq_export, src_with_extras, 
     assert asked == [ANSWER_TOKENS, ANSWER_TOKENS] == [16, 16] and q["answer_source"] and q["answer_quantized"]
 
 
-def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_weights(awq_export, src_with_extras):
+def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_weights(awq_export, src_with_extras, monkeypatch):
     """dequantize_once frees each packed module as it swaps it, without waiting for a garbage collection
     (fast_dequantize's reader refers back to its module: at 8B the packed linears held to the end were 3.3 GiB
-    beside their bfloat16 copies); the probe first moves them out of the mapped file so their pages go too."""
+    beside their bfloat16 copies); the probe first moves them out of the mapped file so their pages go too, and
+    returns the heap they leave after each swap (Quark leaves glibc's heap wide and free: the 8B probe kept up to
+    7.8 GiB of freed chunks resident without it)."""
     import gc
     import weakref
 
+    from raipack.runtime import heap
     from raipack.runtime.quark_hf import dequantize_once
     from raipack.stages.quantize.quality import load_hf
     from raipack.stages.quantize.stage import measure
@@ -453,13 +456,19 @@ def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_wei
     model, _ = load_hf(out)
     packed = [weakref.ref(m) for m in model.modules() if type(m).__name__ == "QParamsLinear"]
     assert len(packed) == record["layers_quantized"]
+    weights = [weakref.ref(m.weight) for m in model.modules() if type(m).__name__ == "QParamsLinear"]
+    alive = []  # after each swap (where the probe trims the heap) the swapped module's packed weight is already gone
     gc.disable()
     try:
-        assert dequantize_once(model) == record["layers_quantized"]
+        assert dequantize_once(model, after_each=lambda: alive.append(sum(r() is not None for r in weights))) == record["layers_quantized"]
         assert [r for r in packed if r() is not None] == []
     finally:
         gc.enable()
+    assert alive == list(range(len(packed) - 1, -1, -1))
+    trims = []
+    monkeypatch.setattr(heap, "trim_heap", lambda: trims.append(1) or True)
     q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=24)
+    assert len(trims) == record["layers_quantized"] + 2  # each freed packed linear given back at once, and each model after its probe
     if sys.platform.startswith("linux"):  # /proc/self/maps: the packed weights were views of the mapped export
         assert q["quantized_weights_owned"]["tensors"] >= record["layers_quantized"] and q["quantized_weights_owned"]["bytes"] > 0
 

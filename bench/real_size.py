@@ -414,13 +414,13 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}}
     target = HERE / "out" / (f"real_size_{args.model}_tiny.json" if args.tiny else f"real_size_{args.model}.json")
     algorithms = args.algorithms.split(",")
-    first = _stage_index(args.first)
-    if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on), and with --from the earlier stages' rows
+    first, last = _stage_index(args.first), _stage_index(args.until) if args.until else 99
+    if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on), with --from the earlier stages' rows, with --until the later ones'
         old = json.loads(target.read_text())
-        kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms or _stage_index(r["stage"]) < first]
+        kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms or not first <= _stage_index(r["stage"]) <= last]
         if kept:
             result["rows"] = kept
-            result["packages"] = {k: v for k, v in old.get("packages", {}).items() if k not in algorithms}
+            result["packages"] = {k: v for k, v in old.get("packages", {}).items() if k not in algorithms or args.until}
             result["earlier"] = {"algorithms": sorted({r["algorithm"] for r in kept}),
                                  **{k: old.get("earlier", {}).get(k, old.get(k)) for k in ("machine_start", "machine_end")}}
     model = work / (f"{args.model}-random" if not args.tiny else f"{args.model}-tiny-random")

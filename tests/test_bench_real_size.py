@@ -126,3 +126,28 @@ def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, mon
         ("rtn", "quantize", False), ("rtn", "export", False), ("rtn", "fuse", False), ("awq", "smoke", False), ("rtn", "smoke", True)]
     with pytest.raises(SystemExit):  # a stage name it does not know is a usage error, not a traceback
         real_size.main(["--from", "smok"])
+
+
+def test_from_and_until_one_stage_measure_it_again_and_keep_every_other_row(tmp_path, monkeypatch):
+    """--from quantize --until quantize: quantize is measured again; the later stages' rows (and the package's) stay."""
+    import argparse
+
+    monkeypatch.setattr(real_size, "HERE", tmp_path)
+    old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "real_size_llama-3.2-1b.json").write_text(json.dumps({"rows": old, "packages": {"rtn": {"validate": {"rc": 0}}}}))
+
+    def fake_build(build_args, algorithm, out_root, env, on_row=None, first=None):
+        row = {"algorithm": algorithm, "stage": "quantize", "status": "built", "rc": 0, "new": True}
+        on_row(row)
+        return [row]
+
+    monkeypatch.setattr(real_size, "build_stages", fake_build)
+    work = tmp_path / "work"
+    (work / "llama-3.2-1b-random").mkdir(parents=True)
+    (work / "llama-3.2-1b-random" / "model.safetensors").write_bytes(b"")
+    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, until="quantize", first="quantize")
+    assert real_size.run_all(args, work) == 0
+    doc = json.loads((tmp_path / "out" / "real_size_llama-3.2-1b.json").read_text())
+    assert sorted((r["stage"], r.get("new", False)) for r in doc["rows"]) == [("export", False), ("fuse", False), ("quantize", True), ("smoke", False)]
+    assert doc["packages"] == {"rtn": {"validate": {"rc": 0}}}

@@ -98,19 +98,19 @@ def test_table_shows_each_stage_and_the_package_rows():
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text
 
 
-def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, monkeypatch):
-    """--from smoke: only smoke is measured again; the earlier stages' rows of that algorithm, and the other algorithm's, stay."""
+def _rerun(tmp_path, monkeypatch, earlier: dict, first: str, until: str) -> tuple[dict, dict]:
+    """run_all over an earlier result file `earlier`, measuring stage `first` again (a fake build: one new row for
+    that stage, marked "new"); the result file as it is then, and what build_stages was asked."""
     import argparse
 
     monkeypatch.setattr(real_size, "HERE", tmp_path)
-    old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "real_size_llama-3.2-1b.json").write_text(json.dumps({"rows": [*old, {"algorithm": "awq", "stage": "smoke", "rc": 0}], "packages": {}}))
+    (tmp_path / "out" / "real_size_llama-3.2-1b.json").write_text(json.dumps(earlier))
     seen = {}
 
     def fake_build(build_args, algorithm, out_root, env, on_row=None, first=None):
         seen["first"] = first
-        row = {"algorithm": algorithm, "stage": "smoke", "status": "built", "rc": 0, "new": True}
+        row = {"algorithm": algorithm, "stage": first, "status": "built", "rc": 0, "new": True}
         on_row(row)
         return [row]
 
@@ -118,9 +118,16 @@ def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, mon
     work = tmp_path / "work"
     (work / "llama-3.2-1b-random").mkdir(parents=True)
     (work / "llama-3.2-1b-random" / "model.safetensors").write_bytes(b"")  # an earlier run's model: not written again
-    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, until="smoke", first="smoke")
+    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, until=until, first=first)
     assert real_size.run_all(args, work) == 0
-    rows = json.loads((tmp_path / "out" / "real_size_llama-3.2-1b.json").read_text())["rows"]
+    return json.loads((tmp_path / "out" / "real_size_llama-3.2-1b.json").read_text()), seen
+
+
+def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, monkeypatch):
+    """--from smoke: only smoke is measured again; the earlier stages' rows of that algorithm, and the other algorithm's, stay."""
+    old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
+    doc, seen = _rerun(tmp_path, monkeypatch, {"rows": [*old, {"algorithm": "awq", "stage": "smoke", "rc": 0}], "packages": {}}, "smoke", "smoke")
+    rows = doc["rows"]
     assert seen["first"] == "smoke"
     assert [(r["algorithm"], r["stage"], r.get("new", False)) for r in rows] == [
         ("rtn", "quantize", False), ("rtn", "export", False), ("rtn", "fuse", False), ("awq", "smoke", False), ("rtn", "smoke", True)]
@@ -130,24 +137,7 @@ def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, mon
 
 def test_from_and_until_one_stage_measure_it_again_and_keep_every_other_row(tmp_path, monkeypatch):
     """--from quantize --until quantize: quantize is measured again; the later stages' rows (and the package's) stay."""
-    import argparse
-
-    monkeypatch.setattr(real_size, "HERE", tmp_path)
     old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "real_size_llama-3.2-1b.json").write_text(json.dumps({"rows": old, "packages": {"rtn": {"validate": {"rc": 0}}}}))
-
-    def fake_build(build_args, algorithm, out_root, env, on_row=None, first=None):
-        row = {"algorithm": algorithm, "stage": "quantize", "status": "built", "rc": 0, "new": True}
-        on_row(row)
-        return [row]
-
-    monkeypatch.setattr(real_size, "build_stages", fake_build)
-    work = tmp_path / "work"
-    (work / "llama-3.2-1b-random").mkdir(parents=True)
-    (work / "llama-3.2-1b-random" / "model.safetensors").write_bytes(b"")
-    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, until="quantize", first="quantize")
-    assert real_size.run_all(args, work) == 0
-    doc = json.loads((tmp_path / "out" / "real_size_llama-3.2-1b.json").read_text())
+    doc, _ = _rerun(tmp_path, monkeypatch, {"rows": old, "packages": {"rtn": {"validate": {"rc": 0}}}}, "quantize", "quantize")
     assert sorted((r["stage"], r.get("new", False)) for r in doc["rows"]) == [("export", False), ("fuse", False), ("quantize", True), ("smoke", False)]
     assert doc["packages"] == {"rtn": {"validate": {"rc": 0}}}

@@ -31,6 +31,7 @@ MEASURED = {"llama-3.2-1b": (LLAMA_1B, {"quantize": 3.26 * GIB, "export": 4.62 *
             "llama-3.1-8b": (LLAMA_8B, {"quantize": 16.49 * GIB, "export": 15.99 * GIB, "fuse": 3.86 * GIB, "smoke": 11.84 * GIB}),
             # AWQ, 1 x 16 calibration tokens
             "llama-3.2-1b-awq": (LLAMA_1B, {"quantize": 3.54 * GIB, "export": 4.04 * GIB, "fuse": 0.85 * GIB, "smoke": 4.43 * GIB}),
+            "llama-3.2-3b-awq": (LLAMA_3B, {"quantize": 8.23 * GIB, "export": 9.30 * GIB, "fuse": 1.78 * GIB, "smoke": 10.71 * GIB}),
             "llama-3.1-8b-awq": (LLAMA_8B, {"quantize": 18.79 * GIB, "export": 16.10 * GIB, "fuse": 3.85 * GIB, "smoke": 12.19 * GIB})}
 
 

@@ -353,8 +353,7 @@ def table(result: dict) -> str:
     """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size_<model>.json."""
     lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | stage / tool | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | estimate / peak | stage summary |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    order = ["quantize", "export", "fuse", "smoke"]
-    for r in sorted(result["rows"], key=lambda r: (r["algorithm"] != "rtn", r["algorithm"], order.index(r["stage"]) if r["stage"] in order else len(order))):
+    for r in sorted(result["rows"], key=lambda r: (r["algorithm"] != "rtn", r["algorithm"], _stage_index(r["stage"]))):
         tool, checks, stage_s = r.get("tool_s"), r.get("checks_s"), r["stage_s"]
         ratio = f"{stage_s / tool:.2f}x" if tool and stage_s else "–"
         fit = f"{r['estimate'] / r['peak_rss']:.2f}x" if r.get("estimate") and r.get("peak_rss") else "–"
@@ -401,11 +400,14 @@ def main(argv: list[str] | None = None) -> int:
             remove(work)  # cache entries are sealed read-only
 
 
-def _stage_index(name: str | None) -> int:
-    """The position of stage `name` in the build's order (0 for None)."""
+def _stage_index(name: str | None, default: int = 0) -> int:
+    """The position of stage `name` in the build's order (`default` for None; -1 means the last)."""
     from raipack.builder import stages
 
-    return stages.order().index(name) if name else 0
+    order = stages.order()
+    if name is None:
+        return default % len(order)
+    return order.index(name)
 
 
 def run_all(args: argparse.Namespace, work: Path) -> int:
@@ -414,7 +416,7 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}}
     target = HERE / "out" / (f"real_size_{args.model}_tiny.json" if args.tiny else f"real_size_{args.model}.json")
     algorithms = args.algorithms.split(",")
-    first, last = _stage_index(args.first), _stage_index(args.until) if args.until else 99
+    first, last = _stage_index(args.first), _stage_index(args.until, default=-1)
     if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on), with --from the earlier stages' rows, with --until the later ones'
         old = json.loads(target.read_text())
         kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms or not first <= _stage_index(r["stage"]) <= last]

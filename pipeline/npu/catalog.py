@@ -53,15 +53,6 @@ def source() -> str:
     return os.environ.get(CATALOG_ENV) or "raipack/data/ryzenai_releases.json"
 
 
-def reload() -> None:
-    """Forget the loaded catalog and everything built from it (after `RAIPACK_RELEASES` changed)."""
-    load.cache_clear()
-    templates.cache_clear()
-    from raipack.npu import profile
-
-    profile.all_profiles.cache_clear()
-
-
 def releases() -> list[dict]:
     return load()["releases"]
 

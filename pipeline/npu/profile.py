@@ -57,6 +57,13 @@ def raw_profiles() -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
+def reload() -> None:
+    """Forget the loaded release catalog and every profile built from it (after `RAIPACK_RELEASES` changed)."""
+    catalog.load.cache_clear()
+    catalog.templates.cache_clear()
+    all_profiles.cache_clear()
+
+
 @lru_cache(maxsize=None)
 def all_profiles() -> dict[str, Profile]:
     """Every profile with `extends` resolved, as its typed view (checked against the profile schema)."""

@@ -30,10 +30,10 @@ def fake_release(tmp_path, monkeypatch):
     path = tmp_path / "releases.json"
     path.write_text(json.dumps(doc))
     monkeypatch.setenv(catalog.CATALOG_ENV, str(path))
-    catalog.reload()
+    profiles.reload()
     yield entry
     monkeypatch.delenv(catalog.CATALOG_ENV)
-    catalog.reload()
+    profiles.reload()
 
 
 def test_release_profiles_are_built_from_templates_not_copied():
@@ -125,12 +125,12 @@ def test_a_catalog_naming_a_missing_template_is_one_sentence(tmp_path, monkeypat
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
     monkeypatch.setenv(catalog.CATALOG_ENV, str(path))
-    catalog.reload()
+    profiles.reload()
     try:
         code, _, err = run_cli(capsys, "profiles")
     finally:
         monkeypatch.delenv(catalog.CATALOG_ENV)
-        catalog.reload()
+        profiles.reload()
     assert code == 2 and "no-such-template" in err and "Traceback" not in err
 
 

@@ -131,12 +131,12 @@ def catalog_copy(tmp_path, monkeypatch):
         path = tmp_path / "releases.json"
         path.write_text(json.dumps(doc))
         monkeypatch.setenv(catalog.CATALOG_ENV, str(path))
-        catalog.reload()
+        profiles.reload()
         return path
 
     yield write
     monkeypatch.delenv(catalog.CATALOG_ENV, raising=False)
-    catalog.reload()
+    profiles.reload()
 
 
 def test_a_catalog_profile_missing_a_field_fails_at_load(catalog_copy):

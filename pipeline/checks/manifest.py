@@ -6,6 +6,7 @@ import os
 
 from raipack.checks.base import check
 from raipack.core.hashing import sha256_many
+from raipack.core.manifest import INCOMPLETE
 
 MANIFEST = "manifest.json"
 
@@ -29,8 +30,6 @@ def manifest(ctx):
     recorded size, no path is listed twice, and no file of the package is
     missing from it. A folder without a complete manifest, or with raipack's
     `.raipack-incomplete` marker, is an unfinished build."""
-    from raipack.core.manifest import INCOMPLETE
-
     if INCOMPLETE in ctx.pkg.files:
         yield ctx.finding(INCOMPLETE, "marks a folder raipack had not finished writing (the build was interrupted)", "run the build again; it picks up after the last complete stage")
     m = ctx.pkg.try_json(MANIFEST)
@@ -91,16 +90,31 @@ def lfs_oids_from_git(ctx, paths) -> tuple[dict[str, str], list]:
     return oids, findings
 
 
+def written_by_raipack(ctx) -> bool:
+    """manifest.json is raipack's own (format raipack-manifest, generator raipack): it lists every file raipack wrote."""
+    m = ctx.pkg.try_json(MANIFEST)
+    gen = m.get("generator") if isinstance(m, dict) else None
+    return isinstance(m, dict) and m.get("format") == "raipack-manifest" and isinstance(gen, dict) and gen.get("name") == "raipack"
+
+
 @check("RP802", "content-hash", needs="verify_hashes")
 def content_hash(ctx):
     """With `--verify-hashes`: each file's sha256 equals the one raipack's
     manifest.json records, or the oid of its Git LFS pointer in the package's
-    git clone. Files are hashed in parallel on every core. The clone's index
+    git clone. In a folder whose manifest.json is raipack's (it lists every
+    file raipack wrote), a file it does not list, or lists without a sha256,
+    is an error: its content cannot be verified (without `--verify-hashes`,
+    RP801 warns). Files are hashed in parallel on every core. The clone's index
     and objects are read as plain files: git never runs in a package, so
     nothing its `.git/config` or hooks name can run."""
     expected = {rel: e["sha256"] for rel, e in manifest_files(ctx).items() if isinstance(e.get("sha256"), str)}
     source = {rel: "manifest.json" for rel in expected}
     unrecorded = {rel for rel, fe in ctx.pkg.files.items() if rel not in expected and not fe.lfs}
+    if written_by_raipack(ctx):  # raipack lists every file it writes: one it does not list has no digest to hold it to
+        for rel in sorted(set(ctx.pkg.files) - set(expected) - {MANIFEST, INCOMPLETE}):
+            yield ctx.finding(rel, "has no sha256 in manifest.json, which raipack wrote listing every file of the folder: it was added, or its entry removed, "
+                                   "after the build, so its content cannot be verified", "rebuild the package, or copy it again with its manifest.json")
+        unrecorded = set()
     git_oids, git_findings = lfs_oids_from_git(ctx, unrecorded)
     yield from git_findings
     for rel, oid in git_oids.items():

@@ -106,7 +106,7 @@ def amd_npu_weights(ctx):
     protobuf message `ryzenai.onnx_utils.proto.Header` the runtime reads
     (fields in `pipeline/data/amd_header.json`), and the weights file it
     names (`external_data.filename`, beside the header: AMD's writer names
-    it `<stem>.bin`) is in the package and at least as long as the furthest
+    it `<stem>.bin`) is a file in the package (not a folder) and at least as long as the furthest
     weight the header places in it (offset + size of every operator's
     tensors; the size a Git LFS pointer records stands for the real file).
     A header without a weights file name (no JIT weights) asks for none.
@@ -148,7 +148,10 @@ def amd_npu_weights(ctx):
     wrel = wrel.replace("\\", "/")
     wfe = ctx.pkg.files.get(wrel)
     if wfe is None:
-        if wrel != weights_sibling(rel) and wrel not in ctx.pkg.dirs:  # RP404 / RP111 report the sibling and folders
+        if wrel in ctx.pkg.dirs:
+            if wrel not in _opened(ctx):  # RP111 reports a folder where the runtime opens a file it knows by name
+                yield ctx.finding(rel, f"names weights file {wrel}, which is a folder: the runtime opens it as a file to read the NPU weights", COPY, "/external_data/filename")
+        elif wrel != weights_sibling(rel):  # RP404 reports a missing sibling
             yield ctx.finding(rel, f"names weights file {wrel}, which is not in the package: the runtime reads the NPU weights from it", COPY, "/external_data/filename")
         return
     yield from _reach(ctx, rel, wfe, amd_header.weights_extents(header))

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from raipack.cli.main import cli
+from raipack.core.errors import UsageError
 
 
 @cli.command("bench")
@@ -43,6 +44,7 @@ def bench_cmd(package, lengths, fmt, output, **measure):
     from raipack.core.output import atomic_write_text
 
     asked = parse_lengths(lengths) if lengths is not None else None
+    numerics_names(measure["numerics"])
     runs = Runs(measure["gen_tokens"], measure["runs"], measure["warmup"])
     plan = make_plan(package, asked, runs, measure["backend"], measure["export"], parse_numerics(measure["numerics"]))
     for backend_name, folder in plan.backends:
@@ -55,3 +57,13 @@ def bench_cmd(package, lengths, fmt, output, **measure):
     else:
         click.echo(text, nl=False)
     sys.exit(0)
+
+
+def numerics_names(text: str) -> list[str]:
+    """The comma-separated names of --numerics, each non-empty: "" or ",,," names no numerics (it once ran
+    as float without a word), and is refused as a usage error (exit 2)."""
+    names = [t.strip() for t in str(text).split(",")]
+    if not all(names):
+        raise UsageError(f"--numerics is {text!r}, which has an empty name; expected float, bfp16 or float,bfp16",
+                         "give one or more of float and bfp16, comma-separated, or leave --numerics out for float")
+    return names

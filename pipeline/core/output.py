@@ -51,7 +51,9 @@ def atomic_write_bytes(path: Path, data: bytes, like: os.stat_result | None = No
     """Write to a temporary file beside `path`, fsync, then rename over it.
 
     `like`: the stat of the file being replaced; the new file gets its mode and,
-    where permitted, its owner (a temporary file is otherwise private, 0600)."""
+    where permitted, its owner. Without it the file gets the mode a plain `open(path, "w")`
+    gives, 0666 less the umask (mkstemp's temporary file is private, 0600: a manifest.json or
+    report.json left so could not be read by another account's validate)."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
@@ -61,6 +63,8 @@ def atomic_write_bytes(path: Path, data: bytes, like: os.stat_result | None = No
         with os.fdopen(fd, "wb") as fh:
             if like is not None:
                 _take_mode(fh.fileno(), like)
+            else:
+                os.fchmod(fh.fileno(), 0o666 & ~umask())
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -71,6 +75,21 @@ def atomic_write_bytes(path: Path, data: bytes, like: os.stat_result | None = No
         except OSError:
             pass
         raise RaipackError(f"cannot write {path}: {exc.strerror or exc}", "check free space and permissions") from None
+
+
+def umask() -> int:
+    """The process's umask, read from /proc (Linux) so no other thread ever sees it changed; elsewhere
+    set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _take_mode(fd: int, like: os.stat_result) -> None:

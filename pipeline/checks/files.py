@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 from dataclasses import replace
 
 from raipack.checks.base import check
@@ -122,14 +123,67 @@ def pickle_weights(ctx):
 
 @check("RP106", "code-files", "warning")
 def code_files(ctx):
-    """The package carries code (`*.py`, shared libraries). raipack never
-    imports or runs code from a package; a deployable package should not need
-    any beyond the runtime's own custom-op library."""
-    opts, _ = ctx.options
-    allowed = {opts.get("custom_ops_library")}
+    """The package carries code (`*.py`). raipack never imports or runs code
+    from a package; a deployable package needs none. A shared library is
+    RP113's error."""
     for fe in ctx.pkg.by_role("code"):
-        if fe.rel not in allowed:
+        if library_kind(ctx.pkg, fe) is None:
             yield ctx.finding(fe.rel, "is code shipped inside the package; raipack did not run it", "remove it unless the runtime documents that it needs it")
+
+
+@check("RP113", "shared-library")
+def shared_library(ctx):
+    """A shared library inside the package, known by its name (`*.so`,
+    `*.so.*`, `*.dll`, `*.dylib`, `*.pyd`) or, whatever its name, by its
+    first bytes (ELF, PE, Mach-O; `pipeline/data/shared_libraries.json`).
+    A runtime that loads it (onnxruntime-genai loads the library
+    `session_options.custom_ops_library` names) runs its code. AMD's
+    packages ship none: the custom-op library comes with the Ryzen AI
+    install, and the library the config names is not exempt."""
+    named = (ctx.options[0] or {}).get("custom_ops_library")
+    named = posixpath.normpath(named.replace("\\", "/")) if isinstance(named, str) and named else None
+    for fe in ctx.pkg.files.values():
+        kind = library_kind(ctx.pkg, fe)
+        if kind is None:
+            continue
+        loads = "; genai_config.json names it as custom_ops_library, so onnxruntime-genai would load it with the model" if named == fe.rel else ""
+        yield ctx.finding(fe.rel, f"is a shared library ({kind}) inside the package{loads}: loading it runs its code, and a package needs none "
+                                  "(the custom-op library comes with the Ryzen AI install)",
+                          "remove it, and name the Ryzen AI install's custom-op library in genai_config.json (an absolute path) if the release needs one")
+
+
+def library_kind(pkg, fe) -> str | None:
+    """What makes `fe` a shared library ("named *.so", "ELF", "PE", "Mach-O"), or None."""
+    spec = load_data("shared_libraries.json")
+    name = fe.name.lower()
+    pattern = next((p for p in spec["names"] if fnmatch.fnmatchcase(name, p)), None)
+    if pattern:
+        return f"named {pattern}"
+    if fe.lfs or fe.size < 4:
+        return None
+    try:
+        with pkg.open(fe.rel) as fh:
+            return _magic(fh, fe.size, spec)
+    except (OSError, ReadError):
+        return None  # the scan (RP101) reports a file that cannot be read
+
+
+def _magic(fh, size: int, spec: dict) -> str | None:
+    head = fh.read(64)
+    for kind, magics in spec["magic"].items():
+        if any(head.startswith(bytes.fromhex(m)) for m in magics):
+            return kind
+    fat = spec["fat_mach_o"]
+    if head.startswith(bytes.fromhex(fat["magic"])) and len(head) >= 8 and 0 < int.from_bytes(head[4:8], "big") <= fat["max_archs"]:
+        return "Mach-O"
+    pe = spec["pe"]
+    if head.startswith(bytes.fromhex(pe["mz"])) and len(head) >= pe["lfanew_at"] + 4:
+        at = int.from_bytes(head[pe["lfanew_at"]:pe["lfanew_at"] + 4], "little")
+        if at + 4 <= min(size, pe["lfanew_max"]):
+            fh.seek(at)
+            if fh.read(4) == bytes.fromhex(pe["signature"]):
+                return "PE"
+    return None
 
 
 @check("RP107", "required-files")

@@ -114,6 +114,7 @@ CASES = [
     ("pickle", P16, _write("pytorch_model.bin", PICKLE), "RP105", "warning", "pytorch_model.bin"),
     ("pickle-named-bin", P16, _write("weights.bin", PICKLE), "RP105", "warning", "weights.bin"),
     ("code", P16, _write("modeling_evil.py", b"open('/tmp/pwned','w')\n"), "RP106", "warning", "modeling_evil.py"),
+    ("shared-library", P16, _write("libevil.so", b"\x7fELF" + bytes(60)), "RP113", "error", "libevil.so"),  # tests/test_pipeline/test_shared_library.py
     ("missing-header", P16, _rm("model.pb.bin"), "RP107", "error", "model.pb.bin"),
     ("missing-tokenizer", P16, _rm("tokenizer.json"), "RP107", "error", "tokenizer.json"),
     ("truncated-json", P16, _truncate(GENAI, 100), "RP201", "error", GENAI),

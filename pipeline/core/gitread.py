@@ -4,7 +4,7 @@
 clone committed. Running `git` inside a package would run what the package's
 own `.git/config` asks for (`core.fsmonitor`, hooks, filters), so this module
 reads the two things it needs itself: the index (DIRC versions 2, 3 and 4)
-and blob objects, loose or in packs (pack index v2, deltas applied). It reads
+and blob objects, loose or in packs (pack index v2, deltas applied: gitpack.py). It reads
 nothing but files inside the `.git` folder: never a `.git` file's `gitdir:`,
 never `objects/info/alternates`, never a special file, and every size it reads
 is capped. Nothing in the repository's configuration is obeyed.
@@ -20,18 +20,14 @@ import struct
 import zlib
 from pathlib import Path
 
+from raipack.core.gitpack import OFS_DELTA, TYPES, GitReadError, Pack, apply_delta, compressed_max, delta_sizes, varint
+
 INDEX_MAX_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 200_000
 MAX_PACKS = 256
 MAX_DELTA_DEPTH = 1000  # git writes at most 50 (4095 is its hard limit)
 BASE_MAX_BYTES = 1024 * 1024  # a delta base of a small blob larger than this is not read
 CONFIG_MAX_BYTES = 64 * 1024
-TYPES = {1: b"commit", 2: b"tree", 3: b"blob", 4: b"tag"}
-OFS_DELTA, REF_DELTA = 6, 7
-
-
-class GitReadError(Exception):
-    """A clone raipack cannot read; str() is the reason, said to a user."""
 
 
 class NotFollowed(GitReadError):
@@ -51,7 +47,7 @@ class Repo:
             raise NotFollowed("is a file or link pointing to a repository elsewhere, which raipack does not follow")
         self.real = os.path.realpath(self.dir)
         self.hashlen, self.algo = (32, "sha256") if _sha256_repo(self) else (20, "sha1")
-        self._packs: list[_Pack] | None = None
+        self._packs: list[Pack] | None = None
         self._broken: list[str] = []  # why packs could not be opened
 
     def __enter__(self):
@@ -132,7 +128,7 @@ class Repo:
             delta = pack.inflate(body, size, BASE_MAX_BYTES + 64)
             if delta is None:
                 return None
-            src, dst, _ = _delta_sizes(delta)
+            src, dst, _ = delta_sizes(delta)
             if dst > want or src > BASE_MAX_BYTES:
                 return None
             chain.append(delta)
@@ -143,7 +139,7 @@ class Repo:
         if data is None:
             return None
         for delta in reversed(chain):
-            data = _apply_delta(data, delta)
+            data = apply_delta(data, delta)
         if len(data) > limit:
             return None
         if kind != b"blob":
@@ -171,7 +167,7 @@ class Repo:
         if fd is None:
             raise MissingObject(f"object {hexid} is missing from the clone")
         try:
-            raw = _read_all(fd, _compressed_max(limit + 64))
+            raw = _read_all(fd, compressed_max(limit + 64))
         finally:
             os.close(fd)
         try:
@@ -189,7 +185,7 @@ class Repo:
             raise GitReadError(f"{rel} is damaged (holds {len(body)} of {int(size)} bytes)")
         return kind, body
 
-    def packs(self) -> list["_Pack"]:
+    def packs(self) -> list["Pack"]:
         if self._packs is None:
             self._packs = []
             pack_dir = os.path.join(self.real, "objects", "pack")
@@ -206,120 +202,10 @@ class Repo:
                     os.close(idx)
                     continue
                 try:
-                    self._packs.append(_Pack(name, idx, pack, self.hashlen))
+                    self._packs.append(Pack(name, idx, pack, self.hashlen))
                 except GitReadError as exc:
                     self._broken.append(str(exc))
         return self._packs
-
-
-class _Pack:
-    """One pack file and its index (version 2), read with pread."""
-
-    def __init__(self, name: str, idx: int, pack: int, hashlen: int):
-        self.name, self.idx, self.pack, self.hashlen = name[:-4], idx, pack, hashlen
-        self.pack_size = os.fstat(pack).st_size
-        head = os.pread(idx, 8 + 1024, 0)
-        if len(head) != 8 + 1024 or head[:4] != b"\xfftOc" or head[4:8] != b"\0\0\0\x02":
-            self.close()
-            raise GitReadError(f"objects/pack/{name} is not a pack index of version 2, the one raipack reads")
-        self.fanout = struct.unpack(">256I", head[8:])
-        self.count = self.fanout[255]
-        need = 1032 + self.count * (hashlen + 8) + 2 * hashlen
-        if os.fstat(idx).st_size < need or os.pread(pack, 4, 0) != b"PACK" or any(a > b for a, b in zip(self.fanout, self.fanout[1:])):
-            self.close()
-            raise GitReadError(f"objects/pack/{name[:-4]}.idx or .pack is damaged (shorter than its {self.count} objects need, or no PACK header)")
-
-    def close(self) -> None:
-        for fd in (self.idx, self.pack):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def find(self, oid: bytes) -> int | None:
-        lo = self.fanout[oid[0] - 1] if oid[0] else 0
-        hi = self.fanout[oid[0]]
-        if not lo <= hi <= self.count:
-            raise GitReadError(f"objects/pack/{self.name}.idx is damaged (fan-out table)")
-        n = self.hashlen
-        while lo < hi:
-            mid = (lo + hi) // 2
-            name = os.pread(self.idx, n, 1032 + mid * n)
-            if name == oid:
-                return self._offset(mid)
-            if name < oid:
-                lo = mid + 1
-            else:
-                hi = mid
-        return None
-
-    def _offset(self, i: int) -> int:
-        table = 1032 + self.count * (self.hashlen + 4)
-        (value,) = struct.unpack(">I", os.pread(self.idx, 4, table + 4 * i))
-        if value & 0x80000000:
-            raw = os.pread(self.idx, 8, table + 4 * self.count + 8 * (value & 0x7FFFFFFF))
-            if len(raw) != 8:
-                raise GitReadError(f"objects/pack/{self.name}.idx is damaged (offset table)")
-            (value,) = struct.unpack(">Q", raw)
-        if not 12 <= value < self.pack_size - self.hashlen:
-            raise GitReadError(f"objects/pack/{self.name}.idx is damaged (an offset points outside the pack)")
-        return value
-
-    def header(self, offset: int) -> tuple:
-        """(type, size, offset of the compressed data, base offset or id)."""
-        raw = os.pread(self.pack, 32 + self.hashlen, offset)
-        try:
-            c = raw[0]
-            kind, size, shift, pos = (c >> 4) & 7, c & 15, 4, 1
-            while c & 0x80:
-                c = raw[pos]
-                size |= (c & 0x7F) << shift
-                shift, pos = shift + 7, pos + 1
-                if shift > 70:
-                    raise IndexError
-            base: int | bytes | None = None
-            if kind == OFS_DELTA:
-                back, pos = _varint(raw, pos)
-                base = offset - back
-                if not 12 <= base < offset:
-                    raise IndexError
-            elif kind == REF_DELTA:
-                base = raw[pos : pos + self.hashlen]
-                pos += self.hashlen
-                if len(base) != self.hashlen:
-                    raise IndexError
-            elif kind not in TYPES:
-                raise IndexError
-        except (IndexError, ValueError):
-            raise GitReadError(f"objects/pack/{self.name}.pack is damaged (object header at offset {offset})") from None
-        return (kind, size, offset + pos, base)
-
-    def inflate(self, start: int, size: int, limit: int) -> bytes | None:
-        """Exactly `size` bytes inflated from `start`; None when size > limit."""
-        if size > limit:
-            return None
-        d = zlib.decompressobj()
-        out = b""
-        pos, budget = start, _compressed_max(size)
-        try:
-            while len(out) <= size and not d.eof:
-                data = d.unconsumed_tail
-                if not data:
-                    data = os.pread(self.pack, min(65536, budget), pos) if budget > 0 else b""
-                    if not data:
-                        break
-                    pos, budget = pos + len(data), budget - len(data)
-                out += d.decompress(data, size + 1 - len(out))
-        except zlib.error as exc:
-            raise GitReadError(f"objects/pack/{self.name}.pack is damaged ({exc})") from None
-        if len(out) != size:
-            raise GitReadError(f"objects/pack/{self.name}.pack is damaged (an object inflates to {len(out)} bytes, not {size})")
-        return out
-
-
-def _compressed_max(size: int) -> int:
-    """Most bytes zlib needs for `size` bytes (stored blocks cost 5 in 16 KiB)."""
-    return size + size // 8 + 4096
 
 
 def _read_all(fd: int, limit: int) -> bytes:
@@ -339,18 +225,6 @@ def _sha256_repo(repo: Repo) -> bool:
     except GitReadError:
         return False
     return re.search(rb"(?im)^\s*objectformat\s*=\s*sha256\s*$", text) is not None
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The index v4 / OFS_DELTA offset encoding (big-endian, with +1 per byte)."""
-    c = data[pos]
-    value, pos = c & 0x7F, pos + 1
-    while c & 0x80:
-        c = data[pos]
-        value, pos = ((value + 1) << 7) | (c & 0x7F), pos + 1
-        if value > 1 << 48:
-            raise ValueError("bad variable-length number")
-    return value, pos
 
 
 def _parse_index(data: bytes, hashlen: int, algo: str) -> dict[str, bytes]:
@@ -380,7 +254,7 @@ def _parse_index(data: bytes, hashlen: int, algo: str) -> dict[str, bytes]:
                 raise ValueError("extended flags in a version 2 index")
             pos += 2
         if version == 4:
-            strip, pos = _varint(data, pos)
+            strip, pos = varint(data, pos)
             if strip > len(prev):
                 raise ValueError("a path strips more than the previous path holds")
             nul = data.find(b"\0", pos, end)
@@ -408,59 +282,3 @@ def _parse_index(data: bytes, hashlen: int, algo: str) -> dict[str, bytes]:
     if pos != end:
         raise ValueError("extensions overrun the checksum")
     return entries
-
-
-def _delta_sizes(delta: bytes) -> tuple[int, int, int]:
-    """Source size, result size, and where the instructions start."""
-    sizes, pos = [], 0
-    try:
-        for _ in range(2):
-            value, shift = 0, 0
-            while True:
-                c = delta[pos]
-                value, pos, shift = value | (c & 0x7F) << shift, pos + 1, shift + 7
-                if not c & 0x80:
-                    break
-                if shift > 63:
-                    raise IndexError
-            sizes.append(value)
-    except IndexError:
-        raise GitReadError("a delta in a pack is damaged (header)") from None
-    return sizes[0], sizes[1], pos
-
-
-def _apply_delta(base: bytes, delta: bytes) -> bytes:
-    src, dst, pos = _delta_sizes(delta)
-    if src != len(base):
-        raise GitReadError(f"a delta in a pack is damaged (base of {len(base)} bytes, expected {src})")
-    out = bytearray()
-    try:
-        while pos < len(delta):
-            c = delta[pos]
-            pos += 1
-            if c & 0x80:
-                offset = size = 0
-                for i in range(4):
-                    if c & (1 << i):
-                        offset |= delta[pos] << (8 * i)
-                        pos += 1
-                for i in range(3):
-                    if c & (0x10 << i):
-                        size |= delta[pos] << (8 * i)
-                        pos += 1
-                size = size or 0x10000
-                if offset + size > len(base):
-                    raise IndexError
-                out += base[offset : offset + size]
-            elif c and pos + c <= len(delta):
-                out += delta[pos : pos + c]
-                pos += c
-            else:
-                raise IndexError
-            if len(out) > dst:
-                raise IndexError
-    except IndexError:
-        raise GitReadError("a delta in a pack is damaged (instructions)") from None
-    if len(out) != dst:
-        raise GitReadError("a delta in a pack is damaged (result size)")
-    return bytes(out)

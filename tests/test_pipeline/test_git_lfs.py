@@ -23,7 +23,7 @@ from helpers import edit_json
 from raipack.checks import load_all
 from raipack.checks.manifest import lfs_oids_from_git
 from raipack.cli import main
-from raipack.core import gitread
+from raipack.core import gitpack, gitread
 from raipack.validate import open_package, validate
 
 P16 = "1.8.0-npu-16K"
@@ -138,7 +138,7 @@ def test_lfs_oids_from_a_packed_repository_with_deltas(make_pkg, offset_deltas):
     with gitread.Repo(pkg) as repo:  # the committed pointer is stored as a delta of the kind asked for
         pack = next(p for p in repo.packs() if p.find(blob) is not None)
         kind = pack.header(pack.find(blob))[0]
-    assert kind == (gitread.OFS_DELTA if offset_deltas else gitread.REF_DELTA)
+    assert kind == (gitpack.OFS_DELTA if offset_deltas else gitpack.REF_DELTA)
     found, findings = oids(pkg)
     assert found == {"model.bin": oid} and findings == []
     (pkg / "model.bin").write_bytes(b"\0" * (pkg / "model.bin").stat().st_size)

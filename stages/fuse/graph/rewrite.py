@@ -9,8 +9,8 @@ from collections import defaultdict
 import onnx
 from onnx import AttributeProto, helper
 
-from raipack.stages.fuse.graph import cpu_side
 from raipack.stages.fuse.graph.constraints import Constraints, check_matmul
+from raipack.stages.fuse.graph.cpu_side import cpu_nodes, prune, static_shape_edits, toposort
 from raipack.stages.fuse.graph.functions import group_io, make_function, signature
 from raipack.stages.fuse.graph.model import DOMAIN, DOMAIN_VERSION, LAYER_RE, MS, SLOTS, FusedNode, FuseGraphResult, Graph, finding
 from raipack.stages.fuse.graph.patterns import match_layer
@@ -181,11 +181,11 @@ def fuse_graph(model: onnx.ModelProto, genai: dict, constraints: Constraints) ->
     fuser = _Fuser(g, constraints, opsets)
     fuser.add_layers(gqas)
 
-    nodes, lm_node, hidden = cpu_side.static_shape_edits(fuser.nodes(), fuser.fused, gqas, io)
-    nodes = cpu_side.toposort(nodes, graph_inputs | set(g.inits))
-    nodes = cpu_side.prune(nodes, {o.name for o in model.graph.output})
+    nodes, lm_node, hidden = static_shape_edits(fuser.nodes(), fuser.fused, gqas, io)
+    nodes = toposort(nodes, graph_inputs | set(g.inits))
+    nodes = prune(nodes, {o.name for o in model.graph.output})
     npu, cpu = _split_initializers(model, nodes, fuser.fused)
     findings = fuser.findings
-    cpu_nodes = cpu_side.cpu_nodes(nodes, lm_node, hidden, fuser.rejected, findings)
+    on_cpu = cpu_nodes(nodes, lm_node, hidden, fuser.rejected, findings)
     out = _output_model(model, nodes, set(npu) | set(cpu), fuser.functions, io["logits"])
-    return FuseGraphResult(out, fuser.fused, npu, cpu, cpu_nodes, findings, io)
+    return FuseGraphResult(out, fuser.fused, npu, cpu, on_cpu, findings, io)

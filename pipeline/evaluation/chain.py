@@ -18,7 +18,7 @@ from pathlib import Path
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.data import load_data
-from raipack.evaluation.run import Request, session
+from raipack.evaluation.run import Request, drops, session
 from raipack.evaluation.targets import detect_target
 
 
@@ -80,35 +80,6 @@ def in_order(outputs: dict[str, Path], pkg: Path | None = None) -> dict[str, Pat
         raise UsageError(f"found {len(chain)} stage output(s) to evaluate ({', '.join(chain) or 'none'})",
                          "give the output folder of a complete build, whose <package>.stages links or manifests name its stages")
     return chain
-
-
-def _metrics(results: dict) -> dict[tuple[str, str], float]:
-    out = {}
-    for task, res in results.get("results", {}).items():
-        for key, value in res.items():
-            if "_stderr" in key or "," not in key or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            out[(task, key)] = float(value)
-    return out
-
-
-def drops(rows: list[dict]) -> list[dict]:
-    """Adds to each stage row `drop` {task: {metric: {value, vs_source, vs_previous}}}."""
-    first = _metrics(rows[0]["results"])
-    prev = first
-    for row in rows:
-        now = _metrics(row["results"])
-        better = {t: hib for t, hib in row["results"].get("higher_is_better", {}).items()}
-        row["drop"] = {}
-        for (task, key), value in now.items():
-            up = better.get(task, {}).get(key.split(",")[0], True)
-            sign = 1.0 if up else -1.0
-            row["drop"].setdefault(task, {})[key] = {
-                "value": value,
-                "vs_source": round(sign * (first.get((task, key), value) - value), 6),
-                "vs_previous": round(sign * (prev.get((task, key), value) - value), 6)}
-        prev = now
-    return rows
 
 
 def run_chain(outputs: dict[str, Path], req: Request, lms: dict | None = None) -> dict:

@@ -121,10 +121,38 @@ def evaluate(path: Path, req: Request) -> dict:
         return side_by_side([s.run(target), s.run(target, numerics=req.numerics)])
 
 
+def _metrics(results: dict) -> dict[tuple[str, str], float]:
+    out = {}
+    for task, res in results.get("results", {}).items():
+        for key, value in res.items():
+            if "_stderr" in key or "," not in key or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            out[(task, key)] = float(value)
+    return out
+
+
+def drops(rows: list[dict]) -> list[dict]:
+    """Adds to each stage row `drop` {task: {metric: {value, vs_source, vs_previous}}}."""
+    first = _metrics(rows[0]["results"])
+    prev = first
+    for row in rows:
+        now = _metrics(row["results"])
+        better = {t: hib for t, hib in row["results"].get("higher_is_better", {}).items()}
+        row["drop"] = {}
+        for (task, key), value in now.items():
+            up = better.get(task, {}).get(key.split(",")[0], True)
+            sign = 1.0 if up else -1.0
+            row["drop"].setdefault(task, {})[key] = {
+                "value": value,
+                "vs_source": round(sign * (first.get((task, key), value) - value), 6),
+                "vs_previous": round(sign * (prev.get((task, key), value) - value), 6)}
+        prev = now
+    return rows
+
+
 def side_by_side(docs: list[dict]) -> dict:
     """One package's float and BFP16 results: the float run in lm-eval's format, and under "raipack"
     a row per numerics with the drop from float (worse is positive)."""
-    from raipack.evaluation.chain import drops
     from raipack.runtime.numerics import HONEST
 
     rows = drops([{"results": d} for d in docs])

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from raipack import places
 from raipack.checks import Context, run_checks
 from raipack.core.errors import NothingToValidate, RaipackError, UsageError
 from raipack.core.findings import Result
@@ -15,6 +16,7 @@ from raipack.core.selection import Selection
 from raipack.data import load_data
 from raipack.modelpackage import check as model_package
 from raipack.npu import profile as profiles
+from raipack.places import guard, hfcache
 
 MODEL_ROLES = ("genai_config", "graph", "model_config", "safetensors", "npu_weights", "npu_header", "metastate")
 
@@ -30,12 +32,17 @@ def open_package(path: Path, profile: str = "auto", verify_hashes: bool = False,
         raise UsageError(f"{path} is a file; expected a package folder", f"validate its folder: raipack validate {path.parent}")
     if not os.access(path, os.R_OK | os.X_OK):
         raise UsageError(f"{path} cannot be read", "check the folder's permissions")
-    pkg = Package.scan(path)
+    pkg = places.scan(path)
     for rel, doc in (virtual or {}).items():
         pkg.add_virtual_json(rel, doc)
+    return open_scanned(pkg, profile, verify_hashes, jobs)
+
+
+def open_scanned(pkg: Package, profile: str = "auto", verify_hashes: bool = False, jobs: int | None = None) -> tuple[Context, str]:
+    """A scanned package (of any place: pipeline/places/) with its profile picked."""
     if not pkg.by_role(*MODEL_ROLES):
         raise NothingToValidate(
-            f"{path} holds no model package (no genai_config.json, config.json, .onnx or weights files)",
+            f"{places.where(pkg)} holds no model package (no genai_config.json, config.json, .onnx or weights files)",
             "point raipack at the folder that holds genai_config.json",
         )
     if profile == "auto":
@@ -68,24 +75,46 @@ def validate(path: Path, profile: str = "auto", *, jobs: int | None = None, virt
     also holds it to AMD's Linux deployment steps, RP407); `virtual` maps file names to JSON documents that
     count as present (the runner checks a staged folder with its future manifest)."""
     chosen = Selection(**selection)
+    if places.is_hub(path):
+        return _validate_hub(str(path), profile, chosen, jobs)
     if profile == model_package.PROFILE or (profile == "auto" and model_package.is_model_package(path)):  # each variant with its own profile
         return model_package.validate_package(Path(path), chosen, jobs)
     start = time.perf_counter()
     ctx, reason = open_package(path, profile, chosen.verify_hashes, jobs, virtual)
     ctx.platform = chosen.platform
     findings, ran = run_checks(ctx, chosen.select, chosen.ignore)
-    return Result(root=str(ctx.pkg.root), profile=ctx.profile.id, profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
+    return Result(root=places.where(ctx.pkg), profile=ctx.profile.id, profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files), seconds=time.perf_counter() - start)
 
 
-def expand(paths) -> list[Path]:
+def _validate_hub(target: str, profile: str, chosen: Selection, jobs: int | None) -> Result:
+    """A Hub repository from its file list and small files; the checks that open any other file are
+    reported as skipped (pipeline/places/hub.py, guard.py)."""
+    from raipack.places import hub  # the hub extra: the light install has no huggingface_hub
+
+    start = time.perf_counter()
+    with hub.fetched(target, chosen.revision) as remote:
+        ctx, reason = open_scanned(hub.open_remote(remote), profile, chosen.verify_hashes, jobs)
+        ctx.platform = chosen.platform
+        with guard.watch(remote.placeholders, lambda: ctx.current.id if ctx.current else "") as reads:
+            findings, ran = run_checks(ctx, chosen.select, chosen.ignore)
+        findings, ran = guard.skipped(findings, ran, reads, remote.why)
+    return Result(root=remote.where, profile=ctx.profile.id, profile_reason=reason, findings=findings, checks_run=ran, files=len(ctx.pkg.files),
+                  seconds=time.perf_counter() - start)
+
+
+def expand(paths, revision: str | None = None) -> list:
     """Each PATH as given, except a zoo, which becomes its packages in name order.
 
     A zoo is a folder with no model file and no manifest.json of its own whose
     subfolders (not hidden, not symbolic links) hold packages; subfolders that
     hold no model file are left out."""
-    out: list[Path] = []
-    for path in map(Path, paths):
-        out += _zoo_members(path) or [path]
+    out: list = []
+    for given in paths:
+        if places.is_hub(given):
+            out.append(given)
+            continue
+        path = Path(given)
+        out += hfcache.snapshots(path, revision) or _zoo_members(path) or [path]
     return out
 
 
@@ -112,8 +141,9 @@ def validate_one(arg: dict) -> Result | RaipackError:
     """One folder of a many-package run, in whatever process runs it: its Result,
     or the user error that stopped it (returned, so one bad folder stops no other)."""
     try:
-        return validate(Path(arg["path"]), arg["profile"], jobs=arg["threads"], select=tuple(arg["select"]), ignore=tuple(arg["ignore"]),
-                        verify_hashes=arg["verify_hashes"], platform=arg.get("platform"))
+        path = arg["path"] if places.is_hub(arg["path"]) else Path(arg["path"])
+        return validate(path, arg["profile"], jobs=arg["threads"], select=tuple(arg["select"]), ignore=tuple(arg["ignore"]),
+                        verify_hashes=arg["verify_hashes"], platform=arg.get("platform"), revision=arg.get("revision"))
     except RaipackError as exc:
         return exc
 
@@ -143,11 +173,11 @@ def validate_all(paths, profile: str = "auto", *, jobs: int = 1, executor=None, 
     RayExecutor); one outcome per folder, in order. `selection`: Selection's fields."""
     chosen = Selection(**selection)
     select, ignore, verify_hashes, platform = chosen.select, chosen.ignore, chosen.verify_hashes, chosen.platform
-    folders = expand(paths)
+    folders = expand(paths, chosen.revision)
     many = len(folders) > 1
     threads = max(1, (os.cpu_count() or 1) // jobs) if many else jobs if jobs > 1 else None
     args = [{"path": str(p), "profile": profile, "select": list(select), "ignore": list(ignore), "verify_hashes": verify_hashes,
-             "threads": 1 if executor is not None else threads, "platform": platform} for p in folders]
+             "threads": 1 if executor is not None else threads, "platform": platform, "revision": chosen.revision} for p in folders]
     if executor is not None:
         handles = [executor.submit(validate_one, arg, {"num_cpus": 1}) for arg in args]
         pending = handles

@@ -55,7 +55,7 @@ def external_data(ctx):
     g = _graph(ctx)
     if g is None:
         return
-    for item in contract.external_data_refs(g, ctx.pkg.path(ctx.graph_rel).parent, ctx.pkg.root):
+    for item in contract.external_data_refs(g, ctx.pkg.path(ctx.graph_rel).parent, ctx.pkg.real_root):  # a cache snapshot: its repository folder
         yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer, members=item.members)
 
 

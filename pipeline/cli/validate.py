@@ -13,13 +13,15 @@ from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text, use_color
 from raipack.data import load_data
 
+WORST_FIRST = (1, 4, 5, 3)  # the exit code of a run of many packages: findings, the Hub refused, the Hub unreachable, nothing to validate
+
 
 def _ids(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in (value or "").split(",") if v.strip())
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1)
 @click.option("--profile", default="auto", show_default=True, help="Profile id (see `raipack profiles`), or auto to detect it.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "junit", "sarif"]), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the report here (atomically); the text summary still goes to stdout.")
@@ -34,12 +36,20 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True, help="ray: each package a task on a Ray cluster (needs the cluster extra; every node must see the paths).")
 @click.option("--address", help="The Ray cluster to use with --executor ray (host:port, or auto); default: a local Ray for this run.")
 @click.option("--platform", type=click.Choice(["windows", "linux"]), help="Where the package is to run; linux: also the edits AMD documents for running its release's packages on Linux (RP407).")
+@click.option("--revision", help="The branch, tag or commit of a Hugging Face cache repository folder (models--org--name) or hf:// repository; default main.")
+@click.option("--hf-cache", is_flag=True, help="Validate every model in the Hugging Face cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub, as huggingface_hub finds it).")
 def validate(paths, fmt, output, strict, strict_advice, **options):
-    """Check model package folders against their profile's schemas and rules.
+    """Check model packages against their profile's schemas and rules.
 
-    A PATH that is a folder of package folders (a zoo) stands for each of its packages; one report covers all."""
+    A PATH is a package folder; a folder of package folders (a zoo) stands for each of its packages; a Hugging
+    Face cache snapshot, a models--org--name folder (its refs/main, or --revision) or a cache root (each
+    cached model) is read where it lies; hf://org/name[@revision] is a Hub repository judged from its file
+    list and small files, nothing large downloaded. One report covers all."""
     from raipack.reporters import REPORTERS
 
+    paths = list(paths) + _cache_roots(options)
+    if not paths:
+        raise UsageError("give a package to validate: a PATH, hf://org/name or --hf-cache", "raipack validate PATH")
     outcomes = _validate_all(paths, options)
     sarif_root = options["sarif_root"]
     results, codes = [], []
@@ -52,7 +62,7 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
             continue
         results.append(outcome)
         codes.append(1 if outcome.failed(strict, strict_advice) else 0)
-    code = 1 if 1 in codes else 3 if 3 in codes else 0
+    code = next((c for c in WORST_FIRST if c in codes), 0)
     extra = {"root": str(sarif_root)} if fmt == "sarif" and sarif_root else {}
     report = REPORTERS[fmt](results, code, use_color(sys.stdout) if fmt == "text" and not output else False, **extra)
     if output:
@@ -75,10 +85,22 @@ def _validate_all(paths, options: dict):
     try:
         return for_destination(validate_all(paths, options["profile"], jobs=options["jobs"] or 1, executor=pool,
                                             select=_ids(options["select"]), ignore=_ids(options["ignore"]), verify_hashes=options["verify_hashes"],
-                                            platform=options["platform"]), options["destination"])
+                                            platform=options["platform"], revision=options["revision"]), options["destination"])
     finally:
         if pool is not None:
             pool.shutdown()
+
+
+def _cache_roots(options: dict) -> list[str]:
+    """--hf-cache: the cache folder huggingface_hub uses here."""
+    if not options.pop("hf_cache"):
+        return []
+    from raipack.places.hfcache import default_root  # the hub extra, only for --hf-cache
+
+    root = default_root()
+    if not root.is_dir():
+        raise UsageError(f"the Hugging Face cache {root} does not exist, so nothing is cached", "download a model first (hf download ORG/NAME), or set HF_HUB_CACHE / HF_HOME")
+    return [str(root)]
 
 
 def _ray_executor(address):

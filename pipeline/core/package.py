@@ -114,10 +114,10 @@ class Package:
 
     # -- scanning ---------------------------------------------------------
     @classmethod
-    def scan(cls, root: Path) -> "Package":
+    def scan(cls, root: Path, **place) -> "Package":  # place: a subclass's fields (pipeline/places/: where links may lead)
         root = Path(root)
-        pkg = cls(root=root)
-        real_root = os.path.realpath(root)
+        pkg = cls(root=root, **place)
+        real_root = pkg.real_root
         stack = [("", root)]
         while stack:
             rel_dir, path = stack.pop()

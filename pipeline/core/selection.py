@@ -12,6 +12,7 @@ class Selection:
     ignore: tuple[str, ...] = ()  # skip these check ids or prefixes
     verify_hashes: bool = False  # hash every file against manifest.json or its Git LFS oid
     platform: str | None = None  # "linux": also AMD's Linux deployment steps (RP407)
+    revision: str | None = None  # a Hugging Face cache's or Hub repository's branch, tag or commit (pipeline/places/)
 
     def as_options(self) -> dict:
         """The keywords pipeline/validate.py: validate takes for this selection."""

@@ -16,8 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from raipack.builder.inputs import FIX_CONFIG, FIX_GENERATION, FIX_TEMPLATE, FIX_TOKENIZER
-from raipack.builder.model_files import short
+from raipack.builder.model_files import FIX_CONFIG, FIX_GENERATION, FIX_TEMPLATE, FIX_TOKENIZER, short
 from raipack.core.errors import UsageError
 
 SAMPLE_CHAT = [{"role": "user", "content": "What is the capital of France?"}]

@@ -17,7 +17,14 @@ import os
 import stat
 from pathlib import Path
 
-from raipack.builder.model_files import LFS_HINT, check_entries, check_safetensors
+from raipack.builder.hf_checks import (  # their functions import transformers, tokenizers and jinja2 when called
+    check_config_class,
+    check_generation_config,
+    check_tokenizer_json,
+    check_tokenizer_loads,
+    template_problem,
+)
+from raipack.builder.model_files import FIX_CONFIG, FIX_GENERATION, FIX_TEMPLATE, FIX_TOKENIZER, LFS_HINT, check_entries, check_safetensors
 from raipack.builder.model_files import short as _short
 from raipack.core.errors import UsageError
 from raipack.core.package import JSON_MAX_BYTES, LFS_MAGIC, JsonError, parse_json
@@ -25,10 +32,6 @@ from raipack.data import load_data
 from raipack.npu import families
 
 PICKLES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-FIX_CONFIG = "fix config.json, or use the config.json the model was published with"
-FIX_TOKENIZER = "use the tokenizer files published with this model"
-FIX_GENERATION = "fix generation_config.json, or use the one the model was published with"
-FIX_TEMPLATE = "use the chat template published with this model"
 
 
 def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
@@ -67,12 +70,6 @@ def check_model_dir(path: Path, trust_remote_code: bool = False) -> Path:
     _check_tokenizer(path, cfg_path, cfg.get("vocab_size"), tok_cfg)
     generation = _check_generation(path, cfg)
     template = _check_chat_templates(path, tok_cfg)
-    from raipack.builder.hf_checks import (  # imports transformers (the build needs it next anyway)
-        check_config_class,
-        check_generation_config,
-        check_tokenizer_loads,
-    )
-
     if not cfg.get("auto_map"):  # a model of its own code: its config class is its own code too
         check_config_class(cfg_path, cfg)
     if generation is not None:
@@ -244,8 +241,6 @@ def _check_tokenizer(path: Path, cfg_path: Path, vocab_size, tok_cfg: dict) -> N
                 raise UsageError(f"{file}: {label} has id {token_id}, but {cfg_path} gives vocab_size {vocab_size}: the tokenizer is larger than the model's embedding",
                                  "use the tokenizer published with this model, or a config.json whose vocab_size covers every token id")
     if os.path.lexists(tok_path):
-        from raipack.builder.hf_checks import check_tokenizer_json
-
         check_tokenizer_json(tok_path, text)
 
 
@@ -285,8 +280,6 @@ def _check_generation(path: Path, cfg: dict) -> dict | None:
 def _check_chat_templates(path: Path, tok_cfg: dict) -> str | None:
     """Parse every chat template of the folder without running it (pipeline/builder/hf_checks.py says
     what is refused); returns where the template the tokenizer uses comes from, for messages."""
-    from raipack.builder.hf_checks import template_problem
-
     templates = []  # (where, source)
     jinja = path / "chat_template.jinja"
     if os.path.lexists(jinja):

@@ -35,6 +35,11 @@ from raipack.data import load_data
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
 LFS_HINT = "run `git lfs pull` in the model's clone (or download the model again)"
+# The hints of the input checks' errors (pipeline/builder/inputs.py and hf_checks.py)
+FIX_CONFIG = "fix config.json, or use the config.json the model was published with"
+FIX_TOKENIZER = "use the tokenizer files published with this model"
+FIX_GENERATION = "fix generation_config.json, or use the one the model was published with"
+FIX_TEMPLATE = "use the chat template published with this model"
 
 
 def check_entries(root: Path) -> None:

@@ -44,7 +44,10 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
     A PATH is a package folder; a folder of package folders (a zoo) stands for each of its packages; a Hugging
     Face cache snapshot, a models--org--name folder (its refs/main, or --revision) or a cache root (each
     cached model) is read where it lies; hf://org/name[@revision] is a Hub repository judged from its file
-    list and small files, nothing large downloaded. One report covers all."""
+    list and small files, nothing large downloaded. One report covers all.
+
+    Exit codes: 0 clean, 1 error findings, 2 usage error, 3 nothing to validate, 4 the Hub refused the repository
+    (missing, private, gated, no such revision), 5 the Hub could not be asked (network, rate limit)."""
     from raipack.reporters import REPORTERS
 
     paths = list(paths) + _cache_roots(options)

@@ -17,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+from raipack.core import frontmatter
 from raipack.data import load_data
 
 MARK = "\n## Build record\n"
@@ -47,20 +48,18 @@ def _json(path: Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def split_front_matter(text: str) -> tuple[dict, str]:
-    """(the YAML front matter of a README as a dict, the text after it); ({}, text) without one."""
-    import yaml
-
-    if not text.startswith("---\n"):
-        return {}, text
-    end = text.find("\n---\n", 4)
-    if end < 0:
+def split_front_matter(text: str, where: str = "README.md") -> tuple[dict, str]:
+    """(the YAML front matter of a README as a dict, the text after it); ({}, text) without one or
+    when it is not valid YAML. A front matter past raipack's bounds (pipeline/core/frontmatter.py:
+    nesting, expanded size) raises FrontMatterRefused, a sentence naming `where`."""
+    front, body = frontmatter.split(text)
+    if front is None:
         return {}, text
     try:
-        doc = yaml.safe_load(text[4:end])
-    except yaml.YAMLError:
+        doc = frontmatter.load(front, where)
+    except frontmatter.FrontMatterInvalid:
         return {}, text
-    return (doc if isinstance(doc, dict) else {}), text[end + 5:]
+    return (doc if isinstance(doc, dict) else {}), body
 
 
 def base_model(folders: list[Path]) -> tuple[str | None, str]:
@@ -79,7 +78,7 @@ def license_of(source: Path | None) -> str | None:
     data = load_data("model_card.json")
     readme = source / "README.md"
     if readme.is_file():
-        value = split_front_matter(readme.read_text("utf-8", errors="replace"))[0].get("license")
+        value = split_front_matter(readme.read_text("utf-8", errors="replace"), str(readme))[0].get("license")
         if isinstance(value, str) and value.strip():
             return value.strip()
     for name in data["license_files"]:

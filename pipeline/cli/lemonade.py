@@ -25,12 +25,17 @@ def lemonade():
 def register(package, name, labels, config_dir, dry_run, allow_reference):
     """Write or update PACKAGE's entry in lemonade's user_models.json (atomically), recipe ryzenai-llm.
 
-    Exit codes: 0 registered (or printed), 1 refused (a reference package, a failing package, an
-    unreadable registry), 2 usage error, 3 no package at PACKAGE."""
+    Concurrent registrations wait for each other (a lock file beside the registry); a symbolic link
+    at user_models.json is written through (it stays a link).
+
+    Exit codes: 0 registered (or printed), 1 refused (a reference package, a failing package, a
+    registry that is not a plain JSON object file: a FIFO, NaN, a duplicate key, ...; a config folder
+    that cannot be created), 2 usage error, 3 no package at PACKAGE."""
+    from raipack.core.textsafe import PATH_LIMIT, safe
     from raipack.lemonade import register as do_register
 
     wanted = [label.strip() for value in labels for label in value.split(",") if label.strip()]
     reg = do_register(package, name, wanted, config=config_dir, dry_run=dry_run, allow_reference=allow_reference)
     click.echo(json.dumps({reg.name: reg.entry}, indent=2))
     verb = "would be written to" if dry_run else "replaced in" if reg.replaced else "written to"
-    click.echo(f"user.{reg.name} {verb} {reg.file}" + (" (dry run)" if dry_run else ""), err=True)
+    click.echo(f"user.{safe(reg.name)} {verb} {safe(str(reg.file), PATH_LIMIT)}" + (" (dry run)" if dry_run else ""), err=True)

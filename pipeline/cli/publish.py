@@ -22,8 +22,15 @@ def publish(package, repo_id, dry_run, private, revision, as_json):
     """Upload PACKAGE to the Hugging Face Hub, or (--dry-run) print the plan: each file, its size,
     Git LFS or not, the model card's metadata, and what the Hub or raipack would refuse.
 
+    Refused before anything is created: what the Hub or huggingface_hub refuses (files over its
+    limits outside LFS, files under .cache/ or .git/), credentials files (.env, .netrc,
+    .huggingface/token, ...) and tokens in small text files, a README front matter past raipack's
+    bounds, a package that fails validation.
+
     Exit codes: 0 uploaded (or a plan the Hub takes), 1 refused (nothing uploaded), 2 usage error
-    (no --repo, no huggingface_hub, no token), 3 no package at PACKAGE."""
+    (no --repo, no huggingface_hub, no token), 3 no package at PACKAGE, 4 the Hub refused a request
+    of the upload (HTTP 4xx: the token, the repository name), 5 the Hub could not be reached or
+    failed during the upload (network, timeout, HTTP 429 or 5xx); as `raipack validate hf://...`."""
     from raipack.publish import as_text, upload, upload_plan
 
     plan = upload_plan(package, repo_id)

@@ -107,7 +107,7 @@ def test_an_update_keeps_other_entries_and_replaces_by_rename(amd_pkg, tmp_path,
     assert doc["Phi-4-Mini-GGUF"] == other["Phi-4-Mini-GGUF"] and doc["mine"]["checkpoint"] == str(amd_pkg.resolve())
     after = registry.stat()
     assert after.st_ino != before.st_ino and stat.S_IMODE(after.st_mode) == 0o640  # renamed over, mode kept
-    assert sorted(p.name for p in conf.iterdir()) == ["user_models.json"]  # no temporary file left
+    assert sorted(p.name for p in conf.iterdir()) == ["user_models.json", "user_models.json.lock"]  # no temporary file left (the lock file stays)
 
 
 def test_a_failed_write_leaves_the_registry_as_it_was(amd_pkg, tmp_path, capsys, monkeypatch):
@@ -123,7 +123,7 @@ def test_a_failed_write_leaves_the_registry_as_it_was(amd_pkg, tmp_path, capsys,
     code, _, err = run_cli(capsys, "lemonade", "register", amd_pkg, "--config-dir", conf)
     assert code == 1 and "No space left on device" in err
     assert registry.read_text() == '{"a": {"checkpoint": "x", "recipe": "llamacpp"}}'
-    assert sorted(p.name for p in conf.iterdir()) == ["user_models.json"]
+    assert sorted(p.name for p in conf.iterdir()) == ["user_models.json", "user_models.json.lock"]  # no temporary file left (the lock file stays)
 
 
 def test_a_reference_package_is_refused_unless_allowed(make_pkg, tmp_path, capsys):

@@ -54,7 +54,7 @@ def tune(package, dry_run, **settings):
 
 def _linux(package, profile, dry_run):
     from raipack.reporters import REPORTERS
-    from raipack.tune import apply_linux, plan_linux, revalidate_linux
+    from raipack.tune_linux import apply_linux, plan_linux, revalidate_linux
 
     p = plan_linux(package, profile)
     click.echo(f"Linux deployment of Ryzen AI {p.release} packages (profile {p.profile}; {p.source})")

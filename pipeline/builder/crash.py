@@ -14,6 +14,7 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
+from raipack.builder.naming import package_name
 from raipack.core.errors import RaipackError
 from raipack.npu.spec import Profile
 
@@ -24,8 +25,6 @@ class StageCrashed(RaipackError):
 
 def stage_crashed(stage: str, recipe, profile: Profile, exc: Exception) -> StageCrashed:
     """The error to raise instead of `exc`, after writing its traceback to a file."""
-    from raipack.builder.runner import package_name
-
     model = recipe.model_name()
     if isinstance(exc, MemoryError):
         return StageCrashed(f"stage {stage} ran out of memory on {model}",

@@ -24,9 +24,11 @@ from pathlib import Path
 
 from raipack import __version__
 from raipack.builder import cache, stages
+from raipack.builder.config import parse_config
+from raipack.builder.recipe import layered, load
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
-from raipack.core.output import atomic_write_text
+from raipack.core.output import atomic_write_text, copy_tree
 from raipack.core.package import ReadError, loads_strict, read_regular
 from raipack.npu.spec import Profile
 
@@ -87,8 +89,6 @@ def check_destination(dest: Path, until: str | None = None) -> None:
 
 def write(dest: Path, result) -> Path:
     """Copy the outputs the remaining stages need out of `result` (a BuildResult) into `dest`, then write handover.json."""
-    from raipack.builder.runner import copy_tree
-
     dest = Path(dest)
     check_destination(dest)
     if not result.stages:
@@ -176,8 +176,6 @@ def read(folder: Path) -> Handover:
 
 def _check_stage_tables(path: Path, tables) -> None:
     """The carried recipe's stage options, each a known option of a known stage (they were accepted silently)."""
-    from raipack.builder.config import parse_config
-
     if tables is None:
         return
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
@@ -206,8 +204,6 @@ def _checked(folder: Path, path: Path, stage: str, rel: str, key: str, digest: s
 
 def recipe_from(handover: Handover, recipe_path, overrides: dict):
     """The recipe the hand-over carries, with the command line's flags over it (not the model or the target)."""
-    from raipack.builder.recipe import layered, load
-
     if recipe_path is not None:
         raise UsageError("--recipe and --inputs together: the hand-over carries its recipe", "drop --recipe; flags such as --backend still apply")
     doc = handover.doc["recipe"]

@@ -19,6 +19,8 @@ import threading
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
+from raipack.builder.naming import package_name
+
 LOG_NAME = "log.txt"
 FDS = (1, 2)
 
@@ -59,8 +61,6 @@ def _keep(sink, job, failed: bool) -> None:
 
 def _stages_dir(job) -> Path:
     """build/<package>.stages, where the runner links each stage's output."""
-    from raipack.builder.runner import package_name  # the runner imports this module
-
     return Path(job.recipe.output) / f"{package_name(job.recipe, job.profile)}.stages"
 
 

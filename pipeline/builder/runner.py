@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,12 +24,13 @@ from raipack.builder.config import EvalConfig, config_dict, parse_config
 from raipack.builder.context import BuildContext
 from raipack.builder.crash import stage_crashed
 from raipack.builder.inputs import check_model_dir
+from raipack.builder.naming import package_name
 from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
 from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.memory import peak_rss_bytes, reset_peak_rss
-from raipack.core.output import atomic_write_text
+from raipack.core.output import atomic_write_text, copy_tree
 from raipack.core.stage import Job
 from raipack.npu import profile as profiles
 from raipack.npu.spec import Profile
@@ -77,14 +77,6 @@ class BuildResult:
             "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
             **({"eval": self.evaluation} if self.evaluation else {}),
         }
-
-
-def package_name(recipe: Recipe, profile: Profile) -> str:
-    """AMD's pattern: <model>_rai_<release>_npu_<4K|16K> (from the profile's name pattern)."""
-    patterns = profile.detect.name_patterns
-    if not patterns:
-        raise UsageError(f"profile {profile.id} is not a package target", "choose a release profile such as 1.8.0-npu-16K (see `raipack profiles`)")
-    return patterns[0].replace("*", recipe.model_name())
 
 
 def plan(until: str | None, from_: str | None) -> tuple[list[str], str | None]:
@@ -379,7 +371,7 @@ def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evalu
     work.mkdir()
     manifest.mark_incomplete(work)
     try:
-        copy_tree(fused, work)
+        copy_tree(fused, work, ignore=(manifest.NAME, logs.LOG_NAME))  # the entry's records stay with the cache
         draft = BuildResult(recipe, profile, results, target, time.perf_counter() - ctx.started, evaluation=evaluation)
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         if evaluation:
@@ -407,30 +399,3 @@ def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evalu
         cache.remove(work)
         raise
     return target, result.findings
-
-
-def copy_tree(src: Path, dst: Path, ignore=(manifest.NAME, logs.LOG_NAME)) -> None:
-    """Copy a cache entry's files (by default not its manifest and log) into `dst`, each in storage of its own
-    and writable like a new file: a user editing the package (or a hand-over) never touches the cache."""
-    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(*ignore), dirs_exist_ok=True)
-    umask = os.umask(0)
-    os.umask(umask)
-    for dirpath, _, _ in os.walk(dst):  # copytree gave the folders the entry's read-only mode
-        os.chmod(dirpath, 0o777 & ~umask)
-
-
-def _copy_file(src: Path, dst: Path) -> None:
-    """A reflink where the filesystem offers one (btrfs, XFS: shared until either side is written),
-    else a kernel copy (shutil uses sendfile)."""
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        try:
-            import fcntl
-
-            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
-            return
-        except (ImportError, OSError):
-            pass
-    shutil.copyfile(src, dst)
-
-
-_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)

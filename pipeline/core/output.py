@@ -100,3 +100,29 @@ def _take_mode(fd: int, like: os.stat_result) -> None:
         except OSError:
             continue  # not permitted: keep our own owner (and group, when that fails too)
     os.fchmod(fd, stat.S_IMODE(like.st_mode))
+
+
+def copy_tree(src: Path, dst: Path, ignore: tuple[str, ...] = ()) -> None:
+    """Copy a folder's files (but the names `ignore` matches) into `dst`, each in storage of its own and
+    writable like a new file: a user editing a package copied out of the build cache never touches the cache."""
+    shutil.copytree(src, dst, copy_function=_copy_file, ignore=shutil.ignore_patterns(*ignore), dirs_exist_ok=True)
+    mode = 0o777 & ~umask()
+    for dirpath, _, _ in os.walk(dst):  # copytree gave the folders the source's (a sealed entry's read-only) mode
+        os.chmod(dirpath, mode)
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """A reflink where the filesystem offers one (btrfs, XFS: shared until either side is written),
+    else a kernel copy (shutil uses sendfile)."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            import fcntl  # late: POSIX only; elsewhere the plain copy below
+
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+            return
+        except (ImportError, OSError):
+            pass
+    shutil.copyfile(src, dst)
+
+
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)

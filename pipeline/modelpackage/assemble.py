@@ -17,10 +17,11 @@ import shutil
 from pathlib import Path
 
 from raipack import __version__
+from raipack.builder.logs import LOG_NAME
 from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError
 from raipack.core.hashing import sha256_file
-from raipack.core.output import atomic_write_text, output_folder
+from raipack.core.output import atomic_write_text, copy_tree, output_folder
 from raipack.core.package import role_of
 from raipack.modelpackage import check, layout
 
@@ -80,10 +81,8 @@ def _exports(sources: list[tuple[str, Path]], export: Path | None, cache_root: P
 def _add_variant(staging: Path, vname: str, src: Path) -> dict:
     """Copy one package into the variant folder `vname`, its tokenizer files into a shared asset; return
     its manifest entry (ep, device, compatibility_string)."""
-    from raipack.builder.runner import copy_tree
-
     vdir = staging / vname
-    copy_tree(src, vdir)
+    copy_tree(src, vdir, ignore=(manifest.NAME, LOG_NAME))  # a cache entry's records stay with the cache
     shared = [p for p in sorted(vdir.iterdir()) if p.is_file() and role_of(p.name) in layout.spec()["shared_roles"]]
     doc = json.loads((vdir / "genai_config.json").read_text("utf-8"))
     flat_text = layout.genai_text(doc)  # the variant as a flat folder: what its raipack manifest records

@@ -11,7 +11,7 @@ from typing import Callable
 
 from raipack.core.findings import Finding
 from raipack.core.package import Package
-from raipack.npu.genai import ryzenai_options
+from raipack.npu.genai import ryzenai_options, table
 from raipack.npu.graph import load_graph
 from raipack.npu.spec import Profile
 
@@ -88,8 +88,7 @@ class Context:
     @cached_property
     def graph_rel(self) -> str | None:
         """The decoder graph the genai config names, else the only .onnx file."""
-        dec = (self.genai or {}).get("model", {}).get("decoder", {}) if isinstance(self.genai, dict) else {}
-        name = dec.get("filename") if isinstance(dec, dict) else None
+        name = table(table(self.genai, "model"), "decoder").get("filename")
         if isinstance(name, str) and name in self.pkg.files:
             return name
         graphs = [f.rel for f in self.pkg.by_role("graph")]

@@ -224,6 +224,12 @@ class Package:
         small = self._small.get(rel)
         return small if small is not None and len(small) <= limit else self.read_bytes(rel, limit, what)
 
+    def raw_json(self, rel: str, limit: int) -> bytes:
+        """The bytes a loader of `rel` reads: the file's, or a virtual document's as JSON text."""
+        if rel in self._json and not isinstance(self._json[rel], JsonError) and not os.path.lexists(self.root / rel):
+            return json.dumps(self._json[rel], indent=2, ensure_ascii=False).encode()
+        return self.read_bytes(rel, limit, "JSON config")
+
     def add_virtual_json(self, rel: str, doc) -> None:
         """Treat `doc` as the content of `rel` without writing it (validating a
         folder as it will be once its manifest is written); None hides `rel`."""

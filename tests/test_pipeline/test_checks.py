@@ -122,6 +122,7 @@ CASES = [
     ("nan-json", P16, _write("rai_config.json", b'{"max_prompt_length": {"1.8.0": NaN}}'), "RP201", "error", "rai_config.json"),
     ("json-is-folder", P16, lambda p: ((p / "rai_config.json").unlink(), (p / "rai_config.json").mkdir()), "RP201", "error", "rai_config.json"),
     ("duplicate-key", P16, _write("rai_config.json", b'{"max_prompt_length": {"1.8.0": 4096}, "max_prompt_length": {"1.8.0": 2048}}'), "RP203", "error", "rai_config.json"),
+    ("loader-misspelled-key", P16, _json(GENAI, lambda d: d["search"].__setitem__("tpo_p", d["search"].pop("top_p", 1.0))), "RP204", "error", GENAI),
     ("schema-type", P16, _json(GENAI, lambda d: d["search"].__setitem__("max_length", "16384")), "RP202", "error", GENAI),
     ("group-64", P16, _weight("group_size", 64), "RP301", "error", "config.json"),
     ("symmetric", P16, _weight("symmetric", True), "RP301", "error", "config.json"),

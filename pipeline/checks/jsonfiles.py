@@ -31,7 +31,10 @@ def json_parse(ctx):
     UTF-8, valid JSON (not truncated; no NaN, Infinity or number a double
     cannot hold, such as 1e999, reported with its JSON pointer) and no larger
     than 64 MiB. Files that fail are skipped by the checks that need their
-    content."""
+    content. A file a loader reads is the JSON object it expects: genai_config,
+    config, rai_config, generation_config and tokenizer_config are not null, an
+    array or a scalar, and tokenizer.json holds the `model` object the tokenizers
+    library needs."""
     for fe in json_files(ctx):
         try:
             ctx.pkg.json(fe.rel)
@@ -40,6 +43,49 @@ def json_parse(ctx):
     for name in ("genai_config.json", "config.json", "rai_config.json"):
         if name in ctx.pkg.dirs:
             yield ctx.finding(name, "is a folder where a JSON file belongs", "replace the folder with the file")
+    yield from _shapes(ctx)
+
+
+# What each loader needs at the top of the files it reads: transformers' config and tokenizer_config
+# readers, onnxruntime-genai's genai_config parser (RP204 says more) and the tokenizers library, whose
+# Tokenizer.from_str refuses {}, [] and null ("Model missing", "invalid type"; tests/test_pipeline/
+# test_loader_config.py holds this against it).
+LOADER_SHAPES = {
+    "genai_config.json": "onnxruntime-genai",
+    "config.json": "transformers' AutoConfig",
+    "rai_config.json": "the Ryzen AI runtime",
+    "generation_config.json": "transformers' GenerationConfig",
+    "tokenizer_config.json": "transformers' AutoTokenizer",
+    "tokenizer.json": "the tokenizers library",
+}
+
+
+def _shapes(ctx):
+    for fe in json_files(ctx):
+        reader = LOADER_SHAPES.get(fe.rel.rsplit("/", 1)[-1])
+        doc = ctx.pkg.try_json(fe.rel) if reader else None
+        if reader is None or (doc is None and not _is_null(ctx, fe.rel)):
+            continue
+        if not isinstance(doc, dict):
+            yield ctx.finding(fe.rel, f"is {_kind(doc)}, not the JSON object {reader} reads", "copy the file again from the package's source")
+        elif reader == "the tokenizers library" and not (isinstance(doc.get("model"), dict) and "vocab" in doc["model"]):
+            yield ctx.finding(fe.rel, "has no tokenizer model (a `model` object with its `vocab`): the tokenizers library refuses it (\"Model missing\")",
+                              "copy tokenizer.json again from the model's source", "/model")
+
+
+def _kind(doc) -> str:
+    if doc is None:
+        return "JSON null"
+    if isinstance(doc, bool):
+        return "a JSON boolean"
+    return {list: "a JSON array", str: "a JSON string"}.get(type(doc), "a JSON number")
+
+
+def _is_null(ctx, rel: str) -> bool:
+    try:
+        return ctx.pkg.json(rel) is None
+    except JsonError:
+        return False
 
 
 @check("RP202", "json-schema")

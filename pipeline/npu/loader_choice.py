@@ -20,7 +20,7 @@ class LoaderChoice:
     why: str  # where `wanted` comes from
 
     def describe(self) -> str:
-        who = f"onnxruntime-genai {self.version}" + (" (AMD's build)" if self.amd else "")
+        who = f"onnxruntime-genai {self.version}" + (", AMD's build," if self.amd else "")
         if self.wanted and self.wanted != self.version:
             return f"{who}, the nearest version raipack knows to {self.wanted} ({self.why}),"
         return f"{who} ({self.why})"

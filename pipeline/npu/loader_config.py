@@ -167,7 +167,9 @@ class _Walker:
     def unknown(self, spec: dict, name: str, path: list) -> None:
         known = sorted({*spec.get("values", {}), *spec.get("objects", {}), *spec.get("arrays", {})})
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        if close and close[0] != name:
+        if not path:
+            hint = "genai_config.json must be one JSON object ({\"model\": ..., \"search\": ...})"
+        elif close and close[0] != name:
             hint = f"did you mean {close[0]}?"
         elif name in known:
             hint = f"{_pointer(path)} has the wrong kind of value for this loader (an object, an array or a value: see its other packages)"

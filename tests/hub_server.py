@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -182,3 +185,34 @@ class Handler(BaseHTTPRequestHandler):
 
 def _handler(hub: FakeHub) -> type:
     return type("BoundHandler", (Handler,), {"hub": hub})
+
+
+# ------------------------------------------------------------------------------ helpers of the tests that use the stand-in
+
+SIZE_ONLY_FROM = 1 << 20  # served files larger than this are listed by size only (never downloadable)
+
+
+def env_for(tmp: Path, hub_: FakeHub | None = None, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(tmp / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE="0", NO_COLOR="1", **extra)  # the tests set offline
+    if hub_ is not None:
+        env["HF_ENDPOINT"] = hub_.endpoint
+    return env
+
+
+def served_repo(folder: Path, big: dict | None = None, **kw) -> Repo:
+    """A repository of `folder`: files up to SIZE_ONLY_FROM with their bytes, larger ones (sparse weights) by size."""
+    files: dict = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(folder).as_posix()
+            files[rel] = p.stat().st_size if p.stat().st_size > SIZE_ONLY_FROM else p.read_bytes()
+    files.update(big or {})
+    return Repo(files, **kw)
+
+
+def snapshot_download(env: dict, repo_id: str) -> Path:
+    code = "import sys, huggingface_hub; print(huggingface_hub.snapshot_download(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, repo_id], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return Path(done.stdout.strip().splitlines()[-1])

@@ -38,6 +38,9 @@ def _ids(value: str | None) -> tuple[str, ...]:
 @click.option("--platform", type=click.Choice(["windows", "linux"]), help="Where the package is to run; linux: also the edits AMD documents for running its release's packages on Linux (RP407).")
 @click.option("--revision", help="The branch, tag or commit of a Hugging Face cache repository folder (models--org--name) or hf:// repository; default main.")
 @click.option("--hf-cache", is_flag=True, help="Validate every model in the Hugging Face cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub, as huggingface_hub finds it).")
+@click.option("--lemonade", is_flag=True, help="Validate every ryzenai-llm model lemonade knows (its server_models.json and the user's user_models.json), from lemonade's model folder, its local folder or the Hub, and print one table.")
+@click.option("--lemonade-models", type=click.Path(path_type=Path, dir_okay=False), help="With --lemonade: lemonade's built-in registry, server_models.json (default: found under lemonade's install folders).")
+@click.option("--lemonade-config", type=click.Path(path_type=Path, file_okay=False), help="With --lemonade: lemonade's config folder, holding user_models.json and config.json (default: found as lemonade finds it).")
 def validate(paths, fmt, output, strict, strict_advice, **options):
     """Check model packages against their profile's schemas and rules.
 
@@ -50,17 +53,15 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
     (missing, private, gated, no such revision), 5 the Hub could not be asked (network, rate limit)."""
     from raipack.reporters import REPORTERS
 
-    paths = list(paths) + _cache_roots(options)
-    if not paths:
-        raise UsageError("give a package to validate: a PATH, hf://org/name or --hf-cache", "raipack validate PATH")
-    outcomes = _validate_all(paths, options)
+    outcomes, table = _outcomes(list(paths), options)
     sarif_root = options["sarif_root"]
     results, codes = [], []
     for outcome in outcomes:
         if isinstance(outcome, UsageError):
             raise outcome
         if isinstance(outcome, RaipackError):
-            error(outcome)
+            if table is None:  # the lemonade table says it on the model's row
+                error(outcome)
             codes.append(outcome.exit_code)
             continue
         results.append(outcome)
@@ -74,7 +75,32 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
             click.echo(REPORTERS["text"](results, code, use_color(sys.stdout)), nl=False)
     else:
         click.echo(report, nl=False)
+    if table is not None and fmt == "text":
+        click.echo(table, nl=False)
     sys.exit(code)
+
+
+def _outcomes(paths: list, options: dict):
+    """(every outcome, the lemonade table or None) for the command's PATHs, --hf-cache or --lemonade."""
+    lemonade, registry, config = (options.pop(k) for k in ("lemonade", "lemonade_models", "lemonade_config"))
+    if not lemonade:
+        if registry or config:
+            raise UsageError("--lemonade-models and --lemonade-config go with --lemonade", "add --lemonade")
+        paths += _cache_roots(options)
+        if not paths:
+            raise UsageError("give a package to validate: a PATH, hf://org/name, --hf-cache or --lemonade", "raipack validate PATH")
+        return _validate_all(paths, options), None
+    if paths or options["hf_cache"]:
+        raise UsageError("--lemonade validates the models lemonade knows; it takes no PATH and no --hf-cache", "run raipack validate twice")
+    from raipack import lemonade_models as lm  # start-up time: the use cases are imported when a command uses them
+
+    found = lm.locate(lm.models(registry, config), lm.models_dir(config))
+    rows = lm.validate_models(found, options["jobs"] or 1, select=_ids(options["select"]), ignore=_ids(options["ignore"]),
+                              verify_hashes=options["verify_hashes"], platform=options["platform"])
+    from raipack.validate import for_destination  # start-up time (as above)
+
+    outcomes = for_destination([outcome for _, outcome in rows], options["destination"])
+    return outcomes, lm.table([(model, outcome) for (model, _), outcome in zip(rows, outcomes)])
 
 
 def _validate_all(paths, options: dict):

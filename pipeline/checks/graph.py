@@ -5,6 +5,7 @@ from __future__ import annotations
 from raipack.checks.base import check
 from raipack.core import schemas
 from raipack.npu import contract as contract
+from raipack.npu.external_data import external_data_refs
 from raipack.npu.graph import GraphRefused
 
 KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.ryzenai", "com.amd", "ai.raipack"}
@@ -55,7 +56,7 @@ def external_data(ctx):
     g = _graph(ctx)
     if g is None:
         return
-    for item in contract.external_data_refs(g, ctx.pkg.path(ctx.graph_rel).parent, ctx.pkg.real_root):  # a cache snapshot: its repository folder
+    for item in external_data_refs(g, ctx.pkg.path(ctx.graph_rel).parent, ctx.pkg.real_root):  # a cache snapshot: its repository folder
         yield ctx.finding(ctx.graph_rel, item.message, item.hint, item.pointer, members=item.members)
 
 

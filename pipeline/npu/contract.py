@@ -6,8 +6,8 @@ stage's output checks (stages/export/contract.py).
 Every check returns a list of `Finding`s (severity error, path model.onnx): `pointer` names the
 tensor, node or input at fault, `message` says in one sentence what was found and what was expected,
 `hint` the next step. An empty list means the check passed. The graph checks take an
-`ModelProto` loaded with `load_external_data=False` and never read weights; `external_data_refs`
-only calls `os.stat`, and walks subgraphs and local functions as well as the main graph.
+`ModelProto` loaded with `load_external_data=False` and never read weights. Where the graph keeps
+its tensors outside itself is checked by pipeline/npu/external_data.py.
 
 The Quark `quantization_config` readers and the Hugging Face module ↔ builder node names they
 use are in pipeline/npu/quark_config.py, shared with the export stage.
@@ -15,15 +15,12 @@ use are in pipeline/npu/quark_config.py, shared with the export stage.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
-from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from raipack.core.findings import Finding
 from raipack.core.members import grouped
-from raipack.core.onnxproto import ModelProto, TensorProto, get_attribute_value, tensor_nbytes
+from raipack.core.onnxproto import ModelProto, TensorProto, get_attribute_value
 from raipack.npu.quark_config import is_excluded, layer_weight_spec, node_to_hf
 from raipack.npu.spec import Quantization
 
@@ -40,7 +37,7 @@ def _f(check_id: str, pointer: str, message: str, hint: str) -> Finding:
 _TYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
 
 
-def _tname(dt: int) -> str:
+def type_name(dt: int) -> str:
     return _TYPE_NAMES.get(dt, str(dt)).lower()
 
 
@@ -141,7 +138,7 @@ def _id_dtypes(io: _GraphIO) -> list[Finding]:
     for key in ("input_ids", "attention_mask", "position_ids"):
         name = io.cfg_in.get(key)
         if isinstance(name, str) and name in io.g_in and io.g_in[name][0] not in _INT_TYPES:
-            out.append(_f("export.io", name, f"graph input '{name}' is {_tname(io.g_in[name][0])}, expected int64 or int32",
+            out.append(_f("export.io", name, f"graph input '{name}' is {type_name(io.g_in[name][0])}, expected int64 or int32",
                           "re-export with the model builder; OGA feeds integer ids and masks"))
     if "input_ids" not in io.cfg_in and "inputs_embeds" not in io.cfg_in:
         out.append(_f("export.io", "genai_config.json#/model/decoder/inputs",
@@ -189,7 +186,7 @@ def _kv_tensor(kind: str, name: str, vinfo: tuple, dims: _Dims) -> list[Finding]
     out = []
     dt, shape = vinfo
     if dt not in _KV_TYPES:
-        out.append(_f("export.io", name, f"{kind} '{name}' is {_tname(dt)}, expected a float KV cache dtype",
+        out.append(_f("export.io", name, f"{kind} '{name}' is {type_name(dt)}, expected a float KV cache dtype",
                       "re-export with the model builder"))
     if shape is not None and len(shape) != 4:
         out.append(_f("export.io", name, f"{kind} '{name}' has rank {len(shape)}, expected 4 "
@@ -213,11 +210,11 @@ def _kv_dtypes_agree(kv_dtypes: dict, pairs: list[tuple[str, str]]) -> list[Find
     for p_name, o_name in pairs:
         if p_name in kv_dtypes and o_name in kv_dtypes and kv_dtypes[p_name] != kv_dtypes[o_name]:
             out.append(_f("export.io", o_name,
-                          f"'{o_name}' is {_tname(kv_dtypes[o_name])} but '{p_name}' is {_tname(kv_dtypes[p_name])}; "
+                          f"'{o_name}' is {type_name(kv_dtypes[o_name])} but '{p_name}' is {type_name(kv_dtypes[p_name])}; "
                           "present must feed back as past unchanged", "re-export with the model builder"))
     if len(set(kv_dtypes.values())) > 1 and not out:
         out.append(_f("export.io", next(iter(kv_dtypes)),
-                      f"KV cache tensors use several dtypes {sorted({_tname(d) for d in kv_dtypes.values()})}, expected one",
+                      f"KV cache tensors use several dtypes {sorted({type_name(d) for d in kv_dtypes.values()})}, expected one",
                       "re-export with the model builder"))
     return out
 
@@ -331,101 +328,6 @@ def matmulnbits_agreement(model: ModelProto, quant_config: dict | None, rules: Q
                               f"'{node.name}' is a float MatMul, but Quark quantized {quantized[0]}",
                               "re-export from the Quark folder; the builder did not pick up its quantized weights"))
     return out
-
-
-# --- external data -------------------------------------------------------------------------------
-
-def _external_tensors(model: ModelProto):
-    """(tensor, where) for every tensor the model holds: initializers, sparse
-    initializers and node attribute tensors of the main graph, of every subgraph
-    (`If`/`Loop`/`Scan` attributes, at any depth) and of the local functions.
-    `where` names the subgraph or function ("" for the main graph)."""
-    todo = [(model.graph.node, model.graph, "")] + [(f.node, None, f"function '{f.name}'") for f in model.functions]
-    while todo:
-        nodes, graph, where = todo.pop()
-        if graph is not None:
-            yield from ((t, where) for t in graph.initializer)
-            yield from ((t, where) for s in graph.sparse_initializer for t in (s.values, s.indices))
-        for node in nodes:
-            for a in node.attribute:  # every field, whatever `type` claims: a reader may go by the field
-                inner = f"subgraph {a.name} of node '{node.name}'" + (f" in {where}" if where else "")
-                tensors = ([a.t] if a.HasField("t") else []) + list(a.tensors)
-                sparse = ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors)
-                yield from ((t, where) for t in tensors + [x for s in sparse for x in (s.values, s.indices)])
-                todo.extend((g.node, g, inner) for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))
-
-
-def external_data_refs(model: ModelProto, base_dir: str | Path, root: str | Path | None = None) -> list[Finding]:
-    """Every external-data tensor (subgraphs included) points inside `root`
-    (default: `base_dir`, the graph's folder) at a byte range of a regular file
-    that exists (stat only)."""
-    out: list[Finding] = []
-    graph_dir = Path(base_dir).resolve()
-    base = Path(root).resolve() if root is not None else graph_dir
-    sizes: dict[str, int | str] = {}
-    resolved: dict[str, Path] = {}  # one resolve (a stat per path component) per location, not per tensor
-    pending: dict[tuple[str, str], list[Finding]] = {}
-    for t, where in _external_tensors(model):
-        if t.data_location != TensorProto.EXTERNAL:
-            continue
-        name = f"tensor '{t.name}'" + (f" (in {where})" if where else "")
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
-        if not loc:
-            out.append(_f("export.external_data", t.name, f"{name} is stored externally but names no location",
-                          "re-export; the builder writes location=model.onnx.data"))
-            continue
-        p = PurePosixPath(loc.replace("\\", "/"))
-        if p.is_absolute() or re.match(r"^[A-Za-z]:", loc) or ".." in p.parts:
-            out.append(_f("export.external_data", t.name,
-                          f"{name} points at '{loc}', outside the model folder; expected a relative path inside it",
-                          "re-save the model with its external data beside model.onnx"))
-            continue
-        if loc not in resolved:  # realpath: a symlink loop is a path that is no file (reported below), not a RuntimeError
-            resolved[loc] = Path(os.path.realpath(graph_dir / Path(*p.parts)))
-        path = resolved[loc]
-        if base != path and base not in path.parents:
-            out.append(_f("export.external_data", t.name,
-                          f"{name} points at '{loc}', which resolves outside the model folder",
-                          "replace the symlink by the real file"))
-            continue
-        if loc not in sizes:
-            sizes[loc] = _data_file_size(path)
-        size = sizes[loc]
-        if isinstance(size, str):
-            pending.setdefault((loc, f"tensors point at '{loc}', which {size}"), []).append(
-                _f("export.external_data", t.name, f"{name} points at '{loc}', which {size}", "copy the external data file next to the model or re-export"))
-            continue
-        try:
-            offset = int(info.get("offset", 0) or 0)
-            length = int(info["length"]) if info.get("length") not in (None, "") else None
-        except ValueError:
-            out.append(_f("export.external_data", t.name, f"{name} has a non-integer offset/length {info}",
-                          "re-export"))
-            continue
-        expected = tensor_nbytes(t)
-        if length is None:
-            length = expected if expected is not None else size - offset
-        if offset < 0 or length < 0 or offset + length > size:
-            pending.setdefault((loc, f"tensors read past the end of '{loc}', which has only {size} bytes"), []).append(
-                _f("export.external_data", t.name, f"{name} reads bytes {offset}..{offset + length} of '{loc}', which has only {size} bytes",
-                   "the data file is truncated or from another export: re-export, or fetch the real file (Git LFS?)"))
-        elif expected is not None and length != expected:
-            out.append(_f("export.external_data", t.name,
-                          f"{name} ({_tname(t.data_type)} {list(t.dims)}) needs {expected} bytes, its external length is {length}",
-                          "re-export; the graph and its data file disagree"))
-    for (_loc, summary), items in pending.items():  # a missing or truncated file: one finding for all its tensors
-        out += grouped(items, summary)
-    return out
-
-
-def _data_file_size(path: Path) -> int | str:
-    """The size of a regular file, else what is wrong with it (stat only)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "does not exist"
-    return st.st_size if stat.S_ISREG(st.st_mode) else "is not a regular file (device, socket or pipe)"
 
 
 def _against_profile(model: ModelProto, rules: Quantization) -> list[Finding]:

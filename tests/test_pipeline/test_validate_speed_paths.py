@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from factory import reference_package
 from helpers import edit_json
 from raipack.core import onnxproto, protowire
-from raipack.npu.contract import external_data_refs
+from raipack.npu.external_data import external_data_refs
 from raipack.validate import validate
 
 P16 = "reference-16K"

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from raipack.core.errors import RaipackError
+from raipack.core.libraries import check_origins
 
 EXPERTS_SCAN = "quark.torch.utils.llm.module_replacement.quark_experts"  # the module whose ast.parse scan is pre-filtered
 EXPERTS_DECORATOR = "use_experts_implementation"
@@ -206,11 +207,14 @@ def _experts_scan_prefiltered() -> Iterator[None]:
         ast.parse = parse
 
 
-def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr) -> Any:
+def import_quark(timeout: float = TIMEOUT, say: Say | None = _stderr, untrusted: tuple[Path, ...] = ()) -> Any:
     """``import quark.torch`` (compiling its extension when needed) within ``timeout``
-    seconds, or a one-sentence error; see the module docstring."""
+    seconds, or a one-sentence error; see the module docstring. Before the import, where its
+    compiled extension would be loaded from is checked (:func:`raipack.core.libraries.check_origins`:
+    no folder a relative variable or an `untrusted` input folder chooses)."""
     if "quark.torch" in sys.modules:
         return _with_kernel(sys.modules["quark.torch"])
+    check_origins(untrusted)
     import importlib
 
     import torch.utils.cpp_extension as cpp_extension

@@ -11,8 +11,11 @@ each call (`round_bfloat16`): the cache buffer is shared between past and presen
 of the graph can round it. BFP16 as Quark defines it; the NPU's exact arithmetic is not published.
 
 Quark's operator library comes from Quark's own install, `get_library_path("CPU")` (compiled on
-first use into the torch extensions folder), never from the package, nor from a relative
-TORCH_EXTENSIONS_DIR (which the working directory would decide).
+first use into the torch extensions folder). Importing Quark loads it, so where it comes from is
+decided before the import (`raipack.core.libraries.check_origins`): no extensions folder chosen by a
+relative or empty TORCH_EXTENSIONS_DIR, XDG_CACHE_HOME or HOME (the working directory would decide),
+none inside the package, no relative PATH entry or CXX for the compile, no torch, Quark or
+onnxruntime found in the package or the working directory; the path Quark returns is checked again.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 from raipack.core.errors import RaipackError, UsageError
+from raipack.core.libraries import check_origins
 from raipack.data import load_data
 
 MODES = ("float", "bfp16")
@@ -43,13 +47,15 @@ def plan(numerics: str) -> dict:
     return {} if check_mode(numerics) == "float" else load_data("numerics.json")[numerics]
 
 
-def ready(modes) -> list[str]:
+def ready(modes, untrusted: tuple[Path, ...] = ()) -> list[str]:
     """The numerics modes asked for, each checked (UsageError naming the choices) and without
-    repeats; amd-quark required (UsageError, exit 2) when one is not float, before anything loads.
-    The one check `raipack run`, `raipack bench` and `raipack eval` make."""
+    repeats; when one is not float, amd-quark required (UsageError, exit 2) and the places its
+    libraries would come from checked (RaipackError; `untrusted`: the input folders, when known),
+    before anything loads. The one check `raipack run`, `raipack bench` and `raipack eval` make."""
     modes = list(dict.fromkeys(check_mode(m) for m in modes))
     if any(m != "float" for m in modes):
         require_quark()
+        check_origins(untrusted)
     return modes
 
 
@@ -61,16 +67,12 @@ def require_quark() -> None:
 
 
 def quark_library(untrusted: tuple[Path, ...] = ()) -> Path:
-    """The path of Quark's custom-op library (BFPQuantizeDequantize), from Quark's own install;
-    refused when it lies inside the package (or another `untrusted` folder), or when
-    TORCH_EXTENSIONS_DIR is a relative path (the working directory would choose the library)."""
-    import os
-
+    """The path of Quark's custom-op library (BFPQuantizeDequantize), from Quark's own install.
+    Before Quark is imported (the import loads the library), every place it could come from is
+    checked (`check_origins`: the package and the other `untrusted` folders, and the working
+    directory through relative variables); after it, the path Quark returns is checked again."""
     require_quark()
-    ext = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if ext and not Path(ext).is_absolute():
-        raise RaipackError(f"TORCH_EXTENSIONS_DIR is the relative path {ext!r}: Quark's custom-op library would be taken from the working directory",
-                           "set TORCH_EXTENSIONS_DIR to an absolute path outside any package, or unset it")
+    check_origins(untrusted)
     try:
         from quark.onnx.operators.custom_ops import get_library_path
 

@@ -51,7 +51,7 @@ def answer(package: Path, prompt: str, opts: RunOptions) -> Answer:
     from raipack.core.env import OFFLINE
     from raipack.runtime.numerics import HONEST, ready
 
-    ready([numerics])  # before anything loads: one sentence, exit 2
+    ready([numerics], untrusted=(Path(package),))  # before anything loads: one sentence, exit 2 (1: a library from the package)
 
     os.environ.update(OFFLINE)
     if not Path(package).is_dir():

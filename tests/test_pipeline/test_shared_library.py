@@ -9,33 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import subprocess
 
 import pytest
 
 from factory import make_package
 from helpers import run_cli
+from planted import compile_library
 from raipack.validate import validate
-
-CONSTRUCTOR = r"""
-#include <stdio.h>
-__attribute__((constructor)) static void planted(void) {
-    FILE *f = fopen("%s", "w");
-    if (f) { fputs("ran\n", f); fclose(f); }
-}
-"""
-
-
-def compile_library(out, marker):
-    """A real ELF shared library whose constructor writes `marker` when anything loads it."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        pytest.fail("a C compiler (gcc or cc) is needed to build the planted library")
-    src = out.with_suffix(".c")
-    src.write_text(CONSTRUCTOR % marker)
-    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(out), str(src)], check=True, capture_output=True)
-    src.unlink()
-    return out
 
 
 @pytest.fixture(scope="module")

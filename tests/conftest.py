@@ -15,6 +15,12 @@ def pytest_collection_modifyitems(config, items):
     _xdist_groups(config, items)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with tiers.guarded(item):  # the quick tier's tests under its guard in every run (tests/tiers.py)
+        yield
+
+
 def _xdist_groups(config, items):
     """`--dist loadgroup` keeps an `xdist_group` on one worker by suffixing its tests' node ids with
     `@<group>` on the worker. pytest-xdist 3.8 does that by setting `item._nodeid`, which pytest 9

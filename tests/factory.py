@@ -517,11 +517,12 @@ def reference_key() -> str:
 
 
 def _reference_build() -> Path:
+    from tiers import refuse_in_quick_tier
+
+    # also when another test of the run built them already: in `make check` nothing builds them first
+    refuse_in_quick_tier("the reference packages (tests/factory.py)")
     base = Path(os.environ.get(REFERENCE_DIR_ENV) or Path(tempfile.gettempdir()) / f"raipack-test-reference-{os.getuid()}" / reference_key())
     if not base.is_dir():
-        from tiers import refuse_in_quick_tier
-
-        refuse_in_quick_tier("the reference packages (tests/factory.py)")
         base.parent.mkdir(parents=True, exist_ok=True)
         # the child takes the lock and finishes even if this process is killed meanwhile
         proc = subprocess.run([sys.executable, "-c", "import sys, factory; factory._build_locked(sys.argv[1])", str(base)],

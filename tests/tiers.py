@@ -12,7 +12,10 @@ those call (transitively, docstrings left out) and in its parameters:
 `make check` runs `-m "not (slow or seeds or fuzz or builds or ray or browser)"` with
 RAIPACK_TEST_TIER=check, and in that tier every builder of the tests fails the test that calls it
 (`refuse_in_quick_tier`): a test the evidence above misses fails, naming the marker to add, and
-never makes the quick tier slow in silence. `make test` runs everything.
+never makes the quick tier slow in silence. `make test` runs everything, and holds every test of the
+quick tier to the same guard while it runs (`guarded`, from tests/conftest.py), so a test that builds
+without its marker fails `make test` too, at no cost in time: the quick tier cannot break unseen
+(issue 40: it had, with 9 tests of the fake builds).
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ import inspect
 import os
 import re
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 TIER_ENV = "RAIPACK_TEST_TIER"
-QUICK = "not (slow or seeds or fuzz or builds or ray or browser)"
+NOT_QUICK = ("slow", "seeds", "fuzz", "builds", "ray", "browser")
+QUICK = f"not ({' or '.join(NOT_QUICK)})"  # the Makefile's QUICK
 EVIDENCE = {  # regular expressions over code (docstrings left out)
     "builds": re.compile(r"reference_package|reference_export|reference_build|model_package\(|make_tiny_model|build_tiny_quark|make_tiny_llama"
                          r"|['\"](reference-(\d|4K|16K)|ort-model-package)"  # a reference or model-package profile's id: its packages are built (tests/factory.py)
-                         r"|fake_stages|FAKES"  # the fake stages write copies of the reference-16K package
+                         r"|fake_stages|FAKES|run_fake_build"  # the fake stages write copies of the reference-16K package (tests/helpers.py: fake builds)
                          r"|import_quark\(|from quark|import quark"  # importing Quark may compile its C++ extension (minutes with an empty HOME)
                          r"|convert_gguf_to_hf|AutoModelForCausalLM|ForCausalLM\(|runner import build|write_bf16_safetensors"),  # a model made or converted
     "ray": re.compile(r"['\"]ray['\"]|RayExecutor|ray_executor|import ray"),
@@ -90,3 +96,23 @@ def refuse_in_quick_tier(what: str) -> None:
     """Called by every builder of the tests: in `make check` a test that builds fails, named."""
     if os.environ.get(TIER_ENV) == "check":
         pytest.fail(f"{what}: this test builds, so it does not belong in `make check`; mark it @pytest.mark.builds (tests/tiers.py)", pytrace=False)
+
+
+def in_quick_tier(item) -> bool:
+    """Whether `make check` selects the test (after `mark`): it has none of the markers QUICK excludes."""
+    return not any(item.get_closest_marker(name) for name in NOT_QUICK)
+
+
+@contextmanager
+def guarded(item) -> Iterator[None]:
+    """While a test of the quick tier runs in any run, the quick tier's guard is on (RAIPACK_TEST_TIER=check,
+    for its fixtures and the processes it starts too), as in `make check`; a run that set the tier itself
+    is left as it is."""
+    if os.environ.get(TIER_ENV) or not in_quick_tier(item):
+        yield
+        return
+    os.environ[TIER_ENV] = "check"
+    try:
+        yield
+    finally:
+        os.environ.pop(TIER_ENV, None)

@@ -101,7 +101,8 @@ def written_by_raipack(ctx) -> bool:
 def content_hash(ctx):
     """With `--verify-hashes`: each file's sha256 equals the one raipack's
     manifest.json records, or the oid of its Git LFS pointer in the package's
-    git clone. In a folder whose manifest.json is raipack's (it lists every
+    git clone, or the LFS sha256 the Hub records for it (a Hugging Face cache
+    snapshot, whose blobs are named by it; hf://, for the files downloaded). In a folder whose manifest.json is raipack's (it lists every
     file raipack wrote), a file it does not list, or lists without a sha256,
     is an error: its content cannot be verified (without `--verify-hashes`,
     RP801 warns). Files are hashed in parallel on every core. The clone's index
@@ -119,6 +120,9 @@ def content_hash(ctx):
     yield from git_findings
     for rel, oid in git_oids.items():
         expected[rel], source[rel] = oid, "its Git LFS pointer"
+    for rel, oid in getattr(ctx.pkg, "hub_sha256", {}).items():  # a Hugging Face cache snapshot or Hub repository (pipeline/places/)
+        if rel in unrecorded and rel not in expected:
+            expected[rel], source[rel] = oid, "the Hub's LFS record"
     todo = [rel for rel in expected if rel in ctx.pkg.files and not ctx.pkg.files[rel].lfs]
     if not expected:
         yield ctx.finding("", "has no recorded hashes to verify (no raipack manifest.json, no Git LFS pointers in a git clone)", "drop --verify-hashes, or validate a package raipack built", severity="info")

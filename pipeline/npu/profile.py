@@ -221,16 +221,21 @@ def detect(pkg: Package) -> Detection | None:
                        if fnmatch.fnmatchcase(pkg.name, pattern)), None)
     if by_pattern is not None and (not fits or by_pattern[0] in fits):
         prof, pattern = by_pattern
-        return Detection(prof, f"the folder name {pkg.name!r} matches {pattern!r}")
+        return Detection(prof, f"{_called(pkg.name)} {pkg.name!r} matches {pattern!r}")
     if not fits:
         return None
     found = _newest_of(fits)
     if named is not None and found.profile.release != named[0]:
-        found.reason = f"the folder name {pkg.name!r} names Ryzen AI {named[0]}, but the content fits none of its profiles: {found.reason}"
+        found.reason = f"{_called(pkg.name)} {pkg.name!r} names Ryzen AI {named[0]}, but the content fits none of its profiles: {found.reason}"
     if by_pattern is not None:
-        found.reason = (f"the folder name {pkg.name!r} fits {by_pattern[0].id} ({by_pattern[1]!r}), a name AMD keeps across "
+        found.reason = (f"{_called(pkg.name)} {pkg.name!r} fits {by_pattern[0].id} ({by_pattern[1]!r}), a name AMD keeps across "
                         f"releases, but the content does not: {found.reason}")
     return found
+
+
+def _called(name: str) -> str:
+    """What a package's name is: a Hugging Face repository's org/name (pipeline/places/), else its folder's."""
+    return "the repository name" if "/" in name else "the folder name"
 
 
 def content_fits(pkg: Package) -> list[Profile]:
@@ -265,7 +270,7 @@ def _by_series(name: str, series: tuple[str, str | None], fits: list[Profile]) -
     release, variant = series
     mine = [p for p in all_profiles().values() if p.target.is_amd and p.release.startswith(release + ".")
             and (variant is None or catalog.variant_of(p) == variant)]
-    said = f"the folder name {name!r} names Ryzen AI {release}" + (f", variant {variant}" if variant else "") + ": "
+    said = f"{_called(name)} {name!r} names Ryzen AI {release}" + (f", variant {variant}" if variant else "") + ": "
     if fits:
         mine = [p for p in mine if p in fits]
     return _newest_of(mine, said) if mine else None
@@ -278,10 +283,10 @@ def _by_named_release(name: str, named: tuple[str, str | None], fits: list[Profi
     if entry is not None:
         ids = [catalog.profile_id(entry, v) for v in (entry.get("variants") or {})]
         if variant is not None and catalog.profile_id(entry, variant) in profiles:
-            return Detection(profiles[catalog.profile_id(entry, variant)], f"the folder name {name!r} names Ryzen AI {release}, variant {variant}")
+            return Detection(profiles[catalog.profile_id(entry, variant)], f"{_called(name)} {name!r} names Ryzen AI {release}, variant {variant}")
         mine = [p for p in fits if p.id in ids]
         if mine:
-            return _newest_of(mine, f"the folder name {name!r} names Ryzen AI {release} and the content decides the variant: ")
+            return _newest_of(mine, f"{_called(name)} {name!r} names Ryzen AI {release} and the content decides the variant: ")
         return None
     newest = catalog.newest()
     if catalog.version_key(release) <= catalog.version_key(newest):
@@ -291,7 +296,7 @@ def _by_named_release(name: str, named: tuple[str, str | None], fits: list[Profi
         return None
     newest_same = max(catalog.version_key(p.release) for p in same)
     same = [p for p in same if catalog.version_key(p.release) == newest_same]
-    known = f"the folder name {name!r} names Ryzen AI {release}, newer than raipack's release catalog (newest {newest}): checked against "
+    known = f"{_called(name)} {name!r} names Ryzen AI {release}, newer than raipack's release catalog (newest {newest}): checked against "
     if len(same) == 1:
         return Detection(same[0], f"{known}{same[0].id}, the newest known release of variant {catalog.variant_of(same[0])}", (same[0].id,), release)
     found = _newest_of([p for p in same if p in fits] or same, known)

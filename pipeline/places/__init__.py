@@ -12,7 +12,8 @@ reading files a place did not fetch.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from raipack.core.package import Package
 from raipack.places.hfcache import snapshot_repo
 
 HUB_SCHEME = "hf://"
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -27,6 +29,7 @@ class PlacedPackage(Package):
     bound: Path | None = None  # links may lead anywhere in here (a cache's models--org--name folder); None: the root
     label: str | None = None  # the repository's org/name
     where: str | None = None  # what reports call the package (hf://org/name@commit); None: its folder
+    hub_sha256: dict[str, str] = field(default_factory=dict)  # rel -> the Hub's LFS sha256 of a file that is here (RP802 holds it to it)
 
     @cached_property
     def real_root(self) -> str:
@@ -54,6 +57,10 @@ def scan(path: Path) -> Package:
         return Package.scan(path)
     repo_id, repo_dir = found
     pkg = PlacedPackage.scan(path, bound=repo_dir, label=repo_id)
+    path = Path(path)
     for fe in pkg.files.values():
         fe.symlink = False  # the cache's links into blobs/ are how the files are stored, not links the package ships
+        blob = os.path.basename(os.readlink(path / fe.rel)) if os.path.islink(path / fe.rel) else ""
+        if SHA256.match(blob):  # huggingface_hub names an LFS file's blob by its sha256 (the X-Linked-Etag), a git blob by its sha1
+            pkg.hub_sha256[fe.rel] = blob
     return pkg

@@ -54,6 +54,7 @@ class Remote:
     folder: Path
     placeholders: dict[str, str] = field(default_factory=dict)  # absolute path -> rel
     sizes: dict[str, int] = field(default_factory=dict)  # rel -> size on the Hub
+    sha256: dict[str, str] = field(default_factory=dict)  # rel -> the Hub's LFS sha256
     fetched_bytes: int = 0
 
     @property
@@ -134,6 +135,7 @@ def _fetch(repo_id: str, revision: str | None, tmp: Path) -> Remote:
     remote = Remote(repo_id, info.sha or revision or "main", Path(os.path.realpath(tmp / "package")))
     remote.folder.mkdir()
     remote.sizes = {rel: size for rel, (size, _) in listing.items()}
+    remote.sha256 = {rel: sha for rel, (_, sha) in listing.items() if sha}
     wanted = plan(remote.sizes)
 
     def download(rel: str) -> str:
@@ -163,6 +165,7 @@ def open_remote(remote: Remote) -> PlacedPackage:
         pkg = PlacedPackage.scan(remote.folder, label=remote.repo_id, where=remote.where)
     held = set(remote.placeholders.values())
     pkg.scan_findings = [f for f in pkg.scan_findings if f.path not in held]
+    pkg.hub_sha256 = {rel: sha for rel, sha in remote.sha256.items() if rel not in held}
     return pkg
 
 

@@ -4,6 +4,7 @@ repository read through huggingface_hub, both from the Hub stand-in of tests/hub
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def test_a_cached_snapshot_validates_as_the_same_files_in_a_plain_folder(cache, 
     cached = validate(snap)
     assert _findings(cached) == _findings(plain) and cached.findings, "the cached package judged unlike its plain copy"
     assert cached.checks_run == plain.checks_run
-    assert cached.profile == PROFILE and repr(repo_id) in cached.profile_reason  # the release read from org/name
+    assert cached.profile == PROFILE and f"the repository name {repo_id!r} names Ryzen AI 1.8.0" in cached.profile_reason  # not the commit hash
     # the same files in a folder named by the revision hash, as the snapshot is, say nothing of the release
     copy = tmp_path / "copy" / snap.name
     shutil.copytree(snap, copy)  # follows the links: plain files
@@ -100,6 +101,21 @@ def test_a_link_leaving_the_cache_is_still_refused(cache, tmp_path):
     (snap / "extra.json").symlink_to(outside)
     found = [f for f in validate(snap).findings if f.path == "extra.json"]
     assert found and found[0].severity == "error" and "leaves the package" in found[0].message
+
+
+def test_verify_hashes_holds_cached_blobs_to_the_hubs_lfs_sha256(cache):
+    root, served, snaps = cache
+    snap = snaps[next(r for r in served if "4K" in r)]
+    clean = validate(snap, verify_hashes=True)
+    assert "RP802" in clean.checks_run and not [f for f in clean.findings if f.check_id == "RP802"]
+    blob = Path(os.path.realpath(snap / "model.onnx.data"))  # an LFS file: its blob is named by its sha256
+    assert len(blob.name) == 64
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 0xFF
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(data))
+    found = [f for f in validate(snap, verify_hashes=True).findings if f.check_id == "RP802"]
+    assert [(f.severity, f.path) for f in found] == [("error", "model.onnx.data")] and "the Hub's LFS record" in found[0].message
 
 
 # ------------------------------------------------------------------------------ the Hub

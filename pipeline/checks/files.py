@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
+import io
 import posixpath
 from dataclasses import replace
+from functools import lru_cache
 
 from raipack.checks.base import check
 from raipack.core import lfs
@@ -135,7 +137,9 @@ def code_files(ctx):
 def shared_library(ctx):
     """A shared library inside the package, known by its name (`*.so`,
     `*.so.*`, `*.dll`, `*.dylib`, `*.pyd`) or, whatever its name, by its
-    first bytes (ELF, PE, Mach-O; `pipeline/data/shared_libraries.json`).
+    first bytes (ELF, PE, Mach-O; `pipeline/data/shared_libraries.json`;
+    an ONNX external data file, read by its size only, only when a config
+    names it as the library).
     A runtime that loads it (onnxruntime-genai loads the library
     `session_options.custom_ops_library` names) runs its code. AMD's
     packages ship none: the custom-op library comes with the Ryzen AI
@@ -143,7 +147,7 @@ def shared_library(ctx):
     named = (ctx.options[0] or {}).get("custom_ops_library")
     named = posixpath.normpath(named.replace("\\", "/")) if isinstance(named, str) and named else None
     for fe in ctx.pkg.files.values():
-        kind = library_kind(ctx.pkg, fe)
+        kind = library_kind(ctx.pkg, fe, sniff=fe.rel == named or fe.role not in _library_spec()["not_sniffed_roles"])
         if kind is None:
             continue
         loads = "; genai_config.json names it as custom_ops_library, so onnxruntime-genai would load it with the model" if named == fe.rel else ""
@@ -152,36 +156,50 @@ def shared_library(ctx):
                           "remove it, and name the Ryzen AI install's custom-op library in genai_config.json (an absolute path) if the release needs one")
 
 
-def library_kind(pkg, fe) -> str | None:
-    """What makes `fe` a shared library ("named *.so", "ELF", "PE", "Mach-O"), or None."""
-    spec = load_data("shared_libraries.json")
+def library_kind(pkg, fe, sniff: bool = True) -> str | None:
+    """What makes `fe` a shared library ("named *.so", "ELF", "PE", "Mach-O"), or None; its first
+    bytes are read only when `sniff`."""
+    spec = _library_spec()
     name = fe.name.lower()
     pattern = next((p for p in spec["names"] if fnmatch.fnmatchcase(name, p)), None)
     if pattern:
         return f"named {pattern}"
-    if fe.lfs or fe.size < 4:
+    if not sniff or fe.lfs or fe.size < 4:
         return None
+    small = pkg._small.get(fe.rel)  # the scan read small files whole: no second open
     try:
+        if small is not None:
+            return _magic(io.BytesIO(small), fe.size, spec)
         with pkg.open(fe.rel) as fh:
             return _magic(fh, fe.size, spec)
     except (OSError, ReadError):
         return None  # the scan (RP101) reports a file that cannot be read
 
 
+@lru_cache(maxsize=1)
+def _library_spec() -> dict:
+    """pipeline/data/shared_libraries.json with its hex strings as bytes."""
+    raw = load_data("shared_libraries.json")
+    pe, fat = raw["pe"], raw["fat_mach_o"]
+    return {"names": raw["names"], "not_sniffed_roles": tuple(raw["not_sniffed_roles"]["roles"]), "magic": {k: tuple(bytes.fromhex(m) for m in v) for k, v in raw["magic"].items()},
+            "pe": {**pe, "mz": bytes.fromhex(pe["mz"]), "signature": bytes.fromhex(pe["signature"])},
+            "fat_mach_o": {**fat, "magic": bytes.fromhex(fat["magic"])}}
+
+
 def _magic(fh, size: int, spec: dict) -> str | None:
     head = fh.read(64)
     for kind, magics in spec["magic"].items():
-        if any(head.startswith(bytes.fromhex(m)) for m in magics):
+        if head.startswith(magics):
             return kind
     fat = spec["fat_mach_o"]
-    if head.startswith(bytes.fromhex(fat["magic"])) and len(head) >= 8 and 0 < int.from_bytes(head[4:8], "big") <= fat["max_archs"]:
+    if head.startswith(fat["magic"]) and len(head) >= 8 and 0 < int.from_bytes(head[4:8], "big") <= fat["max_archs"]:
         return "Mach-O"
     pe = spec["pe"]
-    if head.startswith(bytes.fromhex(pe["mz"])) and len(head) >= pe["lfanew_at"] + 4:
+    if head.startswith(pe["mz"]) and len(head) >= pe["lfanew_at"] + 4:
         at = int.from_bytes(head[pe["lfanew_at"]:pe["lfanew_at"] + 4], "little")
         if at + 4 <= min(size, pe["lfanew_max"]):
             fh.seek(at)
-            if fh.read(4) == bytes.fromhex(pe["signature"]):
+            if fh.read(4) == pe["signature"]:
                 return "PE"
     return None
 

@@ -106,3 +106,19 @@ def test_files_that_only_look_alike_are_not_libraries(clean, tmp_path, rel, data
 def test_python_code_stays_a_warning_of_rp106(clean, tmp_path):
     pkg = with_file(clean, tmp_path, "helper.py", b"print('hi')\n")
     assert [(f.check_id, f.severity) for f in validate(pkg).findings if f.path == "helper.py"] == [("RP106", "warning")]
+
+
+def test_external_data_is_read_only_when_a_config_names_it_as_the_library(clean, tmp_path):
+    """validate never opens model.onnx.data (its size is all RP702 needs): a library hidden there is found
+    when genai_config.json names it as custom_ops_library, the one way a runtime would load it."""
+    pkg = tmp_path / clean.name
+    shutil.copytree(clean, pkg)
+    data = pkg / "model.onnx.data"
+    with open(data, "r+b") as fh:
+        fh.write(b"\x7fELF\x02\x01\x01")
+    assert rp113(pkg) == []
+    config = json.loads((pkg / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["custom_ops_library"] = "./model.onnx.data"
+    (pkg / "genai_config.json").write_text(json.dumps(config))
+    (finding,) = rp113(pkg)
+    assert (finding.severity, finding.path) == ("error", "model.onnx.data") and "(ELF)" in finding.message and "custom_ops_library" in finding.message

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from factory import make_package
 from hub_server import FakeHub, Repo, env_for, served_repo, snapshot_download
-from raipack.lemonade_models import builtin_file, locate, models
+from raipack.core.errors import UsageError
+from raipack.lemonade_models import builtin_file, locate, models, models_dir
 from real_corpus import rebuild
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "lemonade"
@@ -59,6 +62,20 @@ def test_builtin_registry_found_under_lemonades_install_prefix(tmp_path):
     file.write_text("{}")
     assert builtin_file({"HOME": str(home)}, "linux") == file
     assert builtin_file({}, "win32") is None
+
+
+def test_lemonades_model_folder_is_its_models_dir_else_the_hugging_face_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # what huggingface_hub resolved from HF_HUB_CACHE / HF_HOME
+    assert models_dir(tmp_path) == tmp_path / "hf"  # no config.json: lemonade's default, auto
+    (tmp_path / "config.json").write_text(json.dumps({"models_dir": "auto"}))
+    assert models_dir(tmp_path) == tmp_path / "hf"
+    (tmp_path / "config.json").write_text(json.dumps({"models_dir": str(tmp_path / "models")}))
+    assert models_dir(tmp_path) == tmp_path / "models"
+    (tmp_path / "config.json").write_text(json.dumps({"models_dir": "models"}))
+    with pytest.raises(UsageError, match="relative to its own executable"):
+        models_dir(tmp_path)
 
 
 def test_validate_lemonade_prints_a_row_per_model(tmp_path):

@@ -2,6 +2,10 @@
 has that name). tests/ is on the import path through pyproject.toml's [tool.pytest.ini_options]
 pythonpath, so tests import factory, helpers and shared_fixtures by name."""
 
+import os
+import stat
+from pathlib import Path
+
 import pytest
 
 import tiers
@@ -19,6 +23,44 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_protocol(item, nextitem):
     with tiers.guarded(item):  # the quick tier's tests under its guard in every run (tests/tiers.py)
         yield
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Before tmp_path's own teardown removes a passing test's folder (pyproject.toml:
+    tmp_path_retention_policy = "failed"), its read-only folders (sealed cache entries, read-only
+    packages) are made writable: pytest's removal skips what it cannot delete, and kept gigabytes."""
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if isinstance(tmp, Path):
+        writable(tmp)
+    yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The same for the run's whole temp folder (the session fixtures' builds), which pytest removes
+    after a run that passed."""
+    base = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)
+    if exitstatus == 0 and base is not None:
+        writable(Path(base))
+
+
+def writable(root: Path) -> None:
+    """Give the owner read, write and search permission on every folder under `root`, each before it is
+    listed (symlinks not followed)."""
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            mode = os.lstat(folder).st_mode
+            if not stat.S_ISDIR(mode):
+                continue
+            if mode & 0o700 != 0o700:
+                os.chmod(folder, stat.S_IMODE(mode) | 0o700)
+            with os.scandir(folder) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
 
 
 def _xdist_groups(config, items):

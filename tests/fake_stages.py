@@ -81,14 +81,16 @@ def _writer(profile_id: str | None):
             log_phase(job.stage.name + ":commit")
             return {"summary": f"fake {job.stage.name}", "inputs": sorted(job.inputs)}
         tmp = Path(tempfile.mkdtemp(prefix=f"raipack-fake-{job.stage.name}-"))
-        ready = Path(os.environ.get(PACKAGES_ENV) or "/nonexistent") / profile_id
-        pkg = shutil.copytree(ready, tmp / "x") if ready.is_dir() else make_package(tmp, profile_id, name="x")
-        (pkg / "manifest.json").unlink(missing_ok=True)
-        items = sorted(pkg.iterdir())
-        for item in items:
-            _sleep(job.config.delay + job.config.seconds / len(items))
-            shutil.move(str(item), job.workdir / item.name)
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:  # removed when the stage fails too (only a killed stage leaves it)
+            ready = Path(os.environ.get(PACKAGES_ENV) or "/nonexistent") / profile_id
+            pkg = shutil.copytree(ready, tmp / "x") if ready.is_dir() else make_package(tmp, profile_id, name="x")
+            (pkg / "manifest.json").unlink(missing_ok=True)
+            items = sorted(pkg.iterdir())
+            for item in items:
+                _sleep(job.config.delay + job.config.seconds / len(items))
+                shutil.move(str(item), job.workdir / item.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         if job.config.fail:
             (job.workdir / "model.onnx").write_bytes(b"broken")
         log_phase(job.stage.name + ":commit")

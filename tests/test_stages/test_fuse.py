@@ -602,9 +602,9 @@ def test_assign_offsets_never_overlaps_live_buffers():
     for k in range(200):
         a = int(rng.integers(0, 50))
         bufs.append({"name": f"t{k}", "size": int(rng.integers(1, 5000)), "first_step": a, "last_step": a + int(rng.integers(0, 10))})
-    from raipack.npu import plans
+    from raipack.npu import arena
 
-    size = plans.assign_offsets(bufs)
+    size = arena.assign_offsets(bufs)
     for x in bufs:
         assert x["offset"] % formats.PLAN_ALIGNMENT == 0 and x["offset"] + x["size"] <= size
         for y in bufs:

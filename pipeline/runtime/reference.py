@@ -33,17 +33,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
-from raipack.npu import formats, plans
+from raipack.npu import formats
 from raipack.npu.constraints import placed_as_header_says, stored_in
 from raipack.npu.formats import FormatError
 from raipack.npu.genai import ryzenai_options
 from raipack.npu.settings import NpuSettings
 from raipack.runtime import numerics as numerics_mod
-from raipack.runtime.trust import GRAPH_MAX_BYTES, JSON_MAX_BYTES, PackageError, PackageFiles, first_line
+from raipack.runtime.load_checks import PlanContext, check_external_data, check_header_fields, load_plan, load_schedule, offset_length
+from raipack.runtime.trust import GRAPH_MAX_BYTES, PackageError, PackageFiles, first_line
 
 
 class RuntimeRefusal(ValueError):
@@ -77,7 +77,7 @@ class ReferenceRuntime:
         self.plans = self._load_plans(header_path, graph_bytes)
         # every weights file as manifest.json recorded it, and the rest of the graph's external data in bounds
         self.manifest_checked = manifest.result()
-        self._check_external_data(model, graph_path, header.get("weights_file", "model.bin"))
+        check_external_data(self.files, model, graph_path, header.get("weights_file", "model.bin"))
         self._start_session(graph_path, model, names, values, threads)
         self._allocate()
 
@@ -97,7 +97,7 @@ class ReferenceRuntime:
             self.weights = formats.WeightsFile(header_path, verify=verify)
         except FormatError as err:
             raise PackageError(str(err), err.hint) from None
-        _check_header_fields(self.weights.header, header_path)
+        check_header_fields(self.weights.header, header_path)
         return header_name, header_path
 
     def _read_settings(self, header: dict, sdk_version: str | None) -> None:
@@ -155,7 +155,7 @@ class ReferenceRuntime:
             raise PackageError(f"{graph_path} cannot be parsed as an ONNX model ({type(err).__name__})", "rebuild the package; the file is truncated or corrupt") from None
         names, values = [], []
         for t, ext in stored_in(model.graph, self.weights.header.get("weights_file", "model.bin")):
-            _offset_length(ext, f"{graph_path.name} (external data of tensor {t.name!r})")  # whole numbers, else one sentence
+            offset_length(ext, f"{graph_path.name} (external data of tensor {t.name!r})")  # whole numbers, else one sentence
             if not placed_as_header_says(t, ext, self.weights.tensors.get(t.name)):
                 raise PackageError(f"{graph_path.name} and {header_name} disagree about tensor {t.name} (offset, length or shape)", "rebuild the package; model.onnx and model.pb.bin come from different builds")
             names.append(t.name)
@@ -171,10 +171,11 @@ class ReferenceRuntime:
 
         def schedule(phase):  # read when the first plan of the phase is known to be of this format version
             if phase not in schedules:
-                schedules[phase] = self._load_schedule(phase)
+                schedules[phase] = load_schedule(self.files, self.node, phase)
             return schedules[phase]
 
-        return {(phase, tier): self._load_plan(phase, tier, header_sha, graph_sha, model_dims, schedule)
+        ctx = PlanContext(self.files, self.node, self.max_length, header_sha, graph_sha, model_dims)
+        return {(phase, tier): load_plan(ctx, phase, tier, schedule)
                 for phase, tier_list in (("prefill", self.prefill_tiers), ("token", self.token_tiers)) for tier in tier_list}
 
     def _start_session(self, graph_path: Path, model, names: list, values: list, threads: int | None) -> None:
@@ -222,71 +223,6 @@ class ReferenceRuntime:
         self._kv_values: list = []
         self.filled = 0  # positions of the KV buffer that hold real tokens
         self.calls: list[tuple[str, int, int]] = []  # (phase, tier, window) of every call since the last prefill
-
-    # ------------------------------------------------------------------ loading helpers
-
-    def _check_external_data(self, model, graph_path: Path, weights_name: str) -> None:
-        """Every tensor of the graph kept in a file other than `weights_name` (handed over from
-        model.bin already) names a file of the package and lies within it, before onnxruntime opens it."""
-        for t in _tensors(model.graph):
-            if t.data_location != 1:  # onnx.TensorProto.EXTERNAL
-                continue
-            ext = {e.key: e.value for e in t.external_data}
-            if ext.get("location") == weights_name:
-                continue
-            source = f"{graph_path.name} (external data of tensor {t.name!r})"
-            rel = self.files.name(ext.get("location"), source)
-            offset, length = _offset_length(ext, source)
-            size = self.files.size(rel)
-            if offset < 0 or (length is not None and (length < 0 or offset + length > size)) or offset > size:
-                raise PackageError(f"{self.pkg / rel} is {size} bytes, but tensor {t.name!r} of {graph_path.name} lies at bytes {offset}..{offset + (length or 0)}: the file is truncated or from another build",
-                                   "rebuild the package, or copy it again")
-
-    def _load_schedule(self, phase: str) -> tuple[str, str, plans.Schedule]:
-        """(file name, sha256, prepared schedule) of the schedule every plan of `phase` shares."""
-        rel = plans.schedule_rel(self.node, phase)
-        if rel not in self.files.scan.files:
-            raise PackageError(f"{rel} is missing: the {phase} plans share its schedule, so the package cannot run", "copy the whole cache folder, or rebuild the package")
-        data = self.files.read(rel, "the plan format", JSON_MAX_BYTES, "metastate schedule")
-        try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError) as err:
-            raise PackageError(f"{rel} is not valid JSON ({err})", "rebuild the package") from None
-        problems = plans.schedule_problems(doc, phase=phase, node=self.node) if isinstance(doc, dict) else [("", "the document is not a JSON object")]
-        if problems:
-            raise PackageError(f"{rel} is inconsistent: {problems[0][1]}", "rebuild the package")
-        return rel, formats.sha256_hex(data), plans.Schedule(doc)
-
-    def _load_plan(self, phase: str, tier: int, header_sha: str, graph_sha: str, model_dims: dict, schedule) -> dict:
-        stem = formats.metastate_stem(phase, self.node, tier)
-        plan_path, state_path = self.pkg / f"{stem}.plan", self.pkg / f"{stem}.state"
-        for p in (plan_path, state_path):
-            if p.name not in self.files.scan.files:
-                raise PackageError(f"{p.name} is missing: the {phase} tier {tier} has no plan, so the package cannot run at that length", "rebuild the package; every tier needs its dd_metastate set")
-        plan_bytes = self.files.read(plan_path.name, "the tier list of model.pb.bin", JSON_MAX_BYTES, "metastate plan")
-        try:
-            state = formats.decode_state(self.files.read(state_path.name, "the tier list of model.pb.bin", JSON_MAX_BYTES, "metastate state"), state_path.name)
-        except FormatError as err:
-            raise PackageError(str(err), err.hint) from None
-        if state.get("plan_sha256") != formats.sha256_hex(plan_bytes):
-            raise PackageError(f"{plan_path.name} does not match the sha256 its .state records (the plan was edited or swapped)", "rebuild the package")
-        if state.get("header_sha256") != header_sha or state.get("graph_sha256") != graph_sha:
-            raise PackageError(f"{state_path.name} was written for another model.pb.bin or model.onnx", "rebuild the package; files from different builds were mixed")
-        try:
-            plan = json.loads(plan_bytes)
-        except (ValueError, RecursionError) as err:
-            raise PackageError(f"{plan_path.name} is not valid JSON ({err})", "rebuild the package") from None
-        if (why := plans.version_problem(plan)) is not None:
-            raise PackageError(f"{plan_path.name} {why}", plans.VERSION_HINT)
-        rel, sha, sched = schedule(phase)
-        ref = plan.get("schedule") if isinstance(plan, dict) else None
-        if not isinstance(ref, dict) or ref.get("file") != rel or ref.get("sha256") != sha:
-            raise PackageError(f"{plan_path.name} does not name {rel} with its sha256 (the schedule was edited, swapped or comes from another build)", "rebuild the package")
-        problems = plans.plan_problems(plan, sched, phase=phase, tier=tier, model=model_dims, max_length=self.max_length)
-        if problems:
-            raise PackageError(f"{plan_path.name} is inconsistent: {problems[0][1]}", "rebuild the package")
-        plan["kv_cache"]["bindings"] = plans.kv_bindings(plan, sched)
-        return plan
 
     # ------------------------------------------------------------------ the KV window
 
@@ -444,39 +380,3 @@ class ReferenceRuntime:
                 break
             row = self.step(tok)
         return (tokens, rows) if return_logits else tokens
-
-
-def _tensors(graph):
-    """Every TensorProto of an ONNX graph: initializers and node attributes, subgraphs included."""
-    yield from graph.initializer
-    for node in graph.node:
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t
-            yield from a.tensors
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from _tensors(g)
-
-
-def _offset_length(ext: dict, source: str) -> tuple[int, int | None]:
-    """(offset, length or None) of an external data entry; PackageError when they are not whole numbers."""
-    try:
-        return int(ext.get("offset", 0)), (int(ext["length"]) if "length" in ext else None)
-    except ValueError:
-        raise PackageError(f"{source} has offset {ext.get('offset')!r} and length {ext.get('length')!r}; expected whole numbers", "rebuild the package") from None
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _check_header_fields(header: dict, path: Path) -> None:
-    """The header fields the runtime reads: model dimensions and tiers, as positive integers."""
-    dims, tiers = header.get("model"), header.get("tiers")
-    ok = (isinstance(dims, dict) and all(_count(dims.get(k)) for k in ("layers", "kv_heads", "head_size", "vocab_size"))
-          and isinstance(tiers, dict) and isinstance(tiers.get("node"), str) and _count(tiers.get("max_length"))
-          and all(isinstance(tiers.get(k), list) and all(_count(t) for t in tiers[k]) for k in ("prefill", "token"))
-          and bool(tiers["prefill"]) == bool(tiers["token"]))  # both, or neither (hybrid)
-    if not ok:
-        raise PackageError(f"{path} does not give the model's dimensions (model.layers, kv_heads, head_size, vocab_size) and tiers (tiers.prefill, token, node, max_length) as positive integers",
-                           "rebuild the package")

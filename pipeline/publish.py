@@ -113,7 +113,8 @@ def upload_plan(path: Path, repo_id: str | None = None) -> Plan:
 def client_and_secret_refusals(pkg: Package, sent: list[str]) -> list[tuple[str, str, str]]:
     """The files huggingface_hub's upload_folder would refuse after creating the repository, and the
     credentials (by name, or a token's shape in a small text file) raipack never uploads."""
-    out, refused_folders = [], {}  # folder -> files under it the client refuses (one line per folder)
+    out: list[tuple[str, str, str]] = []
+    refused_folders: dict[str, list[str]] = {}  # folder -> the files under it the client refuses (one line per folder)
     for rel in sorted(sent):
         folder = hubpaths.client_refuses(rel)
         if folder:

@@ -16,6 +16,8 @@ where a front matter is read, not when this module is.
 
 from __future__ import annotations
 
+import importlib
+
 from raipack.core.errors import RaipackError
 from raipack.data import load_data
 
@@ -26,6 +28,11 @@ class FrontMatterRefused(RaipackError):
 
 class FrontMatterInvalid(RaipackError):
     """The front matter is not valid YAML."""
+
+
+def _yaml():
+    """pyyaml, imported when a front matter is read: an optional dependency (see the module's docstring)."""
+    return importlib.import_module("yaml")
 
 
 def limits() -> dict:
@@ -45,8 +52,7 @@ def split(text: str) -> tuple[str | None, str]:
 def measure(yaml_text: str, where: str = "README.md") -> int:
     """The expanded size of `yaml_text` (nodes plus scalar characters, aliases expanded); refuses
     (FrontMatterRefused) past the bounds, at the first event that passes one."""
-    import yaml  # optional dependency (see the module's docstring)
-
+    yaml = _yaml()
     bounds = limits()
     max_depth, max_size = bounds["max_depth"], bounds["max_expanded"]
     anchors: dict[str, int] = {}
@@ -83,8 +89,7 @@ def measure(yaml_text: str, where: str = "README.md") -> int:
 
 def load(yaml_text: str, where: str = "README.md"):
     """The front matter as Python values, after `measure` holds it within the bounds."""
-    import yaml  # optional dependency (see the module's docstring)
-
+    yaml = _yaml()
     measure(yaml_text, where)
     try:
         return yaml.safe_load(yaml_text)

@@ -15,6 +15,7 @@ from raipack.core.package import Package, role_of
 from raipack.core.selection import Selection
 from raipack.data import load_data
 from raipack.modelpackage import check as model_package
+from raipack.npu import kinds
 from raipack.npu import profile as profiles
 from raipack.places import guard, hfcache
 
@@ -45,6 +46,8 @@ def open_scanned(pkg: Package, profile: str = "auto", verify_hashes: bool = Fals
             f"{places.where(pkg)} holds no model package (no genai_config.json, config.json, .onnx or weights files)",
             "point raipack at the folder that holds genai_config.json",
         )
+    if profile == "auto" and (other := kinds.not_genai(pkg)) is not None:
+        raise NothingToValidate(f"{places.where(pkg)} {other[0]}", other[1])
     if profile == "auto":
         found = profiles.detect(pkg)
         if found is None:

@@ -14,7 +14,8 @@ from raipack.core.members import compact
 from raipack.core.package import SCAN, ReadError
 from raipack.data import load_data
 from raipack.npu import catalog
-from raipack.npu.layout import is_inside
+from raipack.npu.layout import is_inside, weights_sibling
+from raipack.npu.opened import opened
 from raipack.npu.target import Target
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
@@ -204,11 +205,33 @@ def _magic(fh, size: int, spec: dict) -> str | None:
     return None
 
 
+# Opened by every loader whatever the configs say: the config itself (onnxruntime-genai's Config).
+ALWAYS_OPENED = ("genai_config.json",)
+
+
+def _named_by_configs(ctx) -> set[str] | None:
+    """The files genai_config.json names for a loader (None when it cannot be read: then the
+    profile's list is all raipack knows), with the external data file's weights sibling."""
+    if not isinstance(ctx.genai, dict):
+        return None
+    names = {o.rel for o in opened(ctx.genai)}
+    names |= {weights_sibling(n) for n in names if n.endswith(".pb.bin")}
+    names |= {n + ".data" for n in names if n.endswith(".onnx")}  # the builder's external data file (RP702 checks the real one)
+    return names
+
+
 @check("RP107", "required-files")
 def required_files(ctx):
     """Every file the profile requires is present (globs allowed), and of each
-    group of alternatives (e.g. `cache/` or `.cache/`) at least one is there.
-    The profile's recommended files are reported as warnings."""
+    group of alternatives (e.g. `cache/` or `.cache/`, `tokenizer.json` or
+    `tokenizer.model`) at least one is there. A profile lists what a release
+    usually ships: a missing file is an error where a loader opens it
+    (`genai_config.json`; the files genai_config.json names, reported by
+    RP109 and RP404 with their pointer; the tokenizer), and a warning where
+    no config of the package names it (AMD's eager gpt-oss package names its
+    decoder `model_npu_eager.onnx`, not `model.onnx`). When genai_config.json
+    cannot be read, every required file is an error. The profile's
+    recommended files are reported as warnings."""
     files = ctx.pkg.files
     prof = ctx.profile
     spec = prof.files
@@ -216,10 +239,15 @@ def required_files(ctx):
     def present(pattern: str) -> bool:
         return pattern in ctx.pkg.dirs or any(fnmatch.fnmatchcase(rel, pattern) for rel in files)
 
+    named = _named_by_configs(ctx)
     for pattern in spec.required:
         if not present(pattern):
             what = "a file matching" if any(c in pattern for c in "*?[") else "the file"
-            yield ctx.finding(pattern, f"is missing: profile {prof.id} requires {what} {pattern!r}", "copy the complete package again (all files of the release)")
+            if named is None or pattern in ALWAYS_OPENED:
+                yield ctx.finding(pattern, f"is missing: profile {prof.id} requires {what} {pattern!r}", "copy the complete package again (all files of the release)")
+            elif pattern not in named:  # a file the configs name is RP109's (or RP404's) error, with the pointer
+                yield ctx.finding(pattern, f"is missing: {prof.id} packages usually ship {what} {pattern!r}, but no config of this package names it for a loader",
+                                  "nothing loads it here; add it if the release ships it", severity="warning")
     for group in spec.required_one_of:
         if not any(present(p) for p in group):
             yield ctx.finding(group[0], f"is missing: profile {prof.id} requires one of {', '.join(group)}", "copy the complete package again (all files of the release)")

@@ -115,7 +115,8 @@ CASES = [
     ("pickle-named-bin", P16, _write("weights.bin", PICKLE), "RP105", "warning", "weights.bin"),
     ("code", P16, _write("modeling_evil.py", b"open('/tmp/pwned','w')\n"), "RP106", "warning", "modeling_evil.py"),
     ("shared-library", P16, _write("libevil.so", b"\x7fELF" + bytes(60)), "RP113", "error", "libevil.so"),  # tests/test_pipeline/test_shared_library.py
-    ("missing-header", P16, _rm("model.pb.bin"), "RP107", "error", "model.pb.bin"),
+    ("missing-header", P16, _rm("model.pb.bin"), "RP404", "error", GENAI),  # named by external_data_file: RP404, not the profile's list (RP107)
+    ("missing-vision-graph", P16, _json(GENAI, lambda d: d["model"].__setitem__("vision", {"filename": "vision.onnx"})), "RP109", "error", "vision.onnx"),
     ("missing-tokenizer", P16, _rm("tokenizer.json"), "RP107", "error", "tokenizer.json"),
     ("truncated-json", P16, _truncate(GENAI, 100), "RP201", "error", GENAI),
     ("non-utf8-json", P16, _write("config.json", b'{"a": "\xff\xfe"}'), "RP201", "error", "config.json"),

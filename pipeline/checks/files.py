@@ -15,7 +15,7 @@ from raipack.core.package import SCAN, ReadError
 from raipack.data import load_data
 from raipack.npu import catalog
 from raipack.npu.layout import is_inside, weights_sibling
-from raipack.npu.opened import opened
+from raipack.npu.opened import cache_dir, opened
 from raipack.npu.target import Target
 
 WEIGHT_ROLES = ("external_data", "npu_weights", "npu_header", "safetensors", "graph", "metastate")
@@ -248,8 +248,9 @@ def required_files(ctx):
             elif pattern not in named:  # a file the configs name is RP109's (or RP404's) error, with the pointer
                 yield ctx.finding(pattern, f"is missing: {prof.id} packages usually ship {what} {pattern!r}, but no config of this package names it for a loader",
                                   "nothing loads it here; add it if the release ships it", severity="warning")
+    cache = cache_dir(ctx.genai, ctx.pkg.dirs)  # where dd_cache puts it, when that is not cache/ or .cache/
     for group in spec.required_one_of:
-        if not any(present(p) for p in group):
+        if not any(present(p) for p in group) and not (cache and {"cache", ".cache"} & set(group)):
             yield ctx.finding(group[0], f"is missing: profile {prof.id} requires one of {', '.join(group)}", "copy the complete package again (all files of the release)")
     for pattern in spec.recommended:
         if not present(pattern):

@@ -7,6 +7,7 @@ from raipack.npu import linux
 from raipack.npu.genai import known_options as known
 from raipack.npu.genai import provider_names
 from raipack.npu.layout import weights_sibling
+from raipack.npu.opened import cache_dir
 from raipack.npu.settings import is_power_of_two
 
 GENAI = "genai_config.json"
@@ -80,7 +81,7 @@ def cache_folder(ctx):
     per-node meta files from there."""
     opts, _ = ctx.options
     needs = opts.get("hybrid_opt_token_backend") == "npu" or ctx.profile.metastate.required
-    if needs and not ({"cache", ".cache"} & ctx.pkg.dirs):
+    if needs and cache_dir(ctx.genai, ctx.pkg.dirs) is None:
         yield ctx.finding("cache", "is missing: an NPU package needs a cache/ or .cache/ folder beside its graph", "copy the package's cache/ folder too")
 
 

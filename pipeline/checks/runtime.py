@@ -15,6 +15,7 @@ from raipack.core.package import ReadError
 from raipack.data import load_data
 from raipack.npu import amd_header
 from raipack.npu.layout import PREFIX, is_inside, metastate_sets, weights_sibling
+from raipack.npu.opened import cache_dir
 from raipack.npu.target import Target
 
 COPY = "copy the complete package again (all files of the release)"
@@ -26,7 +27,7 @@ def _rules() -> dict:
 
 
 def _cache_dir(ctx) -> str | None:
-    return next((d for d in ("cache", ".cache") if d in ctx.pkg.dirs), None)
+    return cache_dir(ctx.genai, ctx.pkg.dirs)
 
 
 def _opened(ctx) -> list[str]:
@@ -110,6 +111,8 @@ def amd_npu_weights(ctx):
     weight the header places in it (offset + size of every operator's
     tensors; the size a Git LFS pointer records stands for the real file).
     A header without a weights file name (no JIT weights) asks for none.
+    A header over 16 MiB, or holding more than 200 000 fields or 50 000
+    messages (AMD's are about 7 KB), is not read: a warning that says so.
     Only for a package in AMD's layout: raipack's own header is RP901's.
     Not checked: what the bytes of `model.bin` hold, the header's shapes
     and data types against the graph, its `layers` and `op_metadata`
@@ -133,6 +136,11 @@ def amd_npu_weights(ctx):
         header = amd_header.decode(ctx.pkg.read_bytes(rel, HEADER_MAX_BYTES, "NPU weights header"))
     except ReadError:
         return  # the scan (RP101) reports a file that cannot be read
+    except amd_header.HeaderLimit as exc:
+        yield ctx.finding(rel, f"{exc}, more than raipack reads of an NPU weights header (at most {amd_header.MAX_FIELDS} fields and "
+                          f"{amd_header.MAX_MESSAGES} messages; AMD's hold a few thousand fields in about 7 KB); its weights were not checked",
+                          "check that the right file was placed here", severity="warning")
+        return
     except amd_header.HeaderError as exc:
         yield ctx.finding(rel, f"does not parse as AMD's NPU weights header (protobuf ryzenai.onnx_utils.proto.Header): {exc}; "
                           f"the runtime's custom operators stop with 'Cannot read header from {rel}' and the model does not load", COPY, pointer)

@@ -81,3 +81,16 @@ def nearest_folder(missing: str, folders: set[str]) -> str | None:
         if hits:
             return hits[0]
     return None
+
+
+def cache_dir(genai, dirs: set[str]) -> str | None:
+    """The folder the runtime reads its per-node files from: the one `dd_cache` names when the
+    package has it, else `cache/` or `.cache/`, else the folder a wrong `dd_cache` must mean (RP109
+    reports the option; the other checks then read the files where they are)."""
+    named = next((o.rel for o in opened(genai) if o.pointer.endswith("/dd_cache") and o.kind == "folder"), None)
+    if named in dirs:
+        return named
+    found = next((d for d in ("cache", ".cache") if d in dirs), None)
+    if found or named is None:
+        return found
+    return nearest_folder(named, dirs)

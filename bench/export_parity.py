@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from raipack.core.quark_import import import_quark
     from raipack.runtime.ortloop import OrtDecoder
     from raipack.runtime.quark_hf import dequantize_once
     from raipack.stages.export.parity import _hf_forced
     from raipack.stages.export.stage import PROMPTS
+    from raipack.stages.quark_import import import_quark
 
     import_quark()
     tok = AutoTokenizer.from_pretrained(str(args.quark))

@@ -97,7 +97,7 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(int(threads))
-    from raipack.core.quark_import import import_quark
+    from raipack.stages.quark_import import import_quark
 
     import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
     tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))

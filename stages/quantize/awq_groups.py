@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from raipack.core.errors import RaipackError
-from raipack.core.quark_import import import_quark
 from raipack.data import load_data
 from raipack.stages.quantize.preflight import HINT
+from raipack.stages.quark_import import import_quark
 
 
 def awq_data() -> dict[str, Any]:

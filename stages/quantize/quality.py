@@ -31,7 +31,7 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
     kwargs: dict[str, Any] = {"trust_remote_code": False, "local_files_only": True, "dtype": getattr(torch, dtype)}
     if quant == "quark":  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
-        from raipack.core.quark_import import import_quark
+        from raipack.stages.quark_import import import_quark
 
         import_quark()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)

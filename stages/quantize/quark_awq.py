@@ -205,7 +205,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if opts.tune_runtime and device == "cpu" else {}
     try:  # the allocator tuning ends with this call, also a failed one
-        from raipack.core.quark_import import import_quark
+        from raipack.stages.quark_import import import_quark
 
         import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
         scheme = f"uint4_wo_{chosen}"

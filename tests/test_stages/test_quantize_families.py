@@ -107,7 +107,7 @@ def _qc(out: Path) -> dict:
 @pytest.mark.parametrize("model_type", sorted({spec["config"]["model_type"] for spec in FAMILIES.values()}))
 def test_awq_groups_configured_for_every_model_type(model_type):
     """Every family's model type has AWQ scaling groups (Quark's or raipack's), the expected ones."""
-    from raipack.core.quark_import import import_quark
+    from raipack.stages.quark_import import import_quark
 
     import_quark()
     config, source = awq_groups.awq_config(model_type)

@@ -233,7 +233,7 @@ def test_cli_records_estimate_next_to_measured_peak(tiny_llama, tmp_path):
     # The estimate models an import of Quark whose C++ extension is built; the first import on a new
     # machine compiles it inside the call and peaks higher (+0.25 GiB here, +0.64 GiB once in a
     # clean-clone CI run; docs/memory.md), so the extension is built before the measured build.
-    from raipack.core.quark_import import import_quark
+    from raipack.stages.quark_import import import_quark
 
     import_quark(say=None)
     proc = _build(tiny_llama, tmp_path, None, "--num-samples", "4", "--seq-len", "256")

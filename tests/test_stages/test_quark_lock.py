@@ -16,9 +16,9 @@ import types
 
 import pytest
 
-from raipack.core import quark_import as quark_lock
 from raipack.core.errors import RaipackError
-from raipack.core.quark_import import build_lock, wait_for_lock
+from raipack.stages import quark_import as quark_lock
+from raipack.stages.quark_import import build_lock, wait_for_lock
 
 HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); print('ready', flush=True); time.sleep(float(sys.argv[2]))"
 IN_FOLDER = "import sys, time; print('ready', flush=True); time.sleep(float(sys.argv[2]))"  # an orphaned ninja: cwd in the folder, no fd
@@ -190,7 +190,7 @@ def test_torch_own_wait_is_bounded_too(tmp_path, monkeypatch, holder_alive):
 
 # --------------------------------------------------------------------------- the real compile
 
-IMPORT = "from raipack.core.quark_import import import_quark; import_quark(timeout=float(__import__('sys').argv[1])); print('imported', flush=True)"
+IMPORT = "from raipack.stages.quark_import import import_quark; import_quark(timeout=float(__import__('sys').argv[1])); print('imported', flush=True)"
 
 
 @pytest.mark.slow
@@ -227,8 +227,8 @@ def test_quark_imported_without_its_kernel_names_the_folder_to_rebuild(monkeypat
     import sys
     import types
 
-    from raipack.core import quark_import
     from raipack.core.errors import RaipackError
+    from raipack.stages import quark_import
 
     monkeypatch.setattr(quark_import, "extension_dir", lambda: tmp_path / "quark_hw_emulation_stable_abi")
     for name in [n for n in sys.modules if n == "quark" or n.startswith("quark.")]:

@@ -11,6 +11,7 @@ import pytest
 import tiers
 
 pytest_plugins = ["shared_fixtures"]
+os.environ.pop("FORCE_COLOR", None)  # a CI's FORCE_COLOR would colour the reports the tests read (tests/test_pipeline/test_color.py sets it)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -48,7 +48,7 @@ def tune(package, dry_run, **settings):
     click.echo(f"wrote {p.path} (backup: {backup.name})")
     result = revalidate(p)
     code = 1 if result.failed() else 0
-    click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False)
+    click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False, color=True)  # escapes only where use_color said
     sys.exit(code)
 
 
@@ -75,5 +75,5 @@ def _linux(package, profile, dry_run):
         sys.exit(0)
     result = revalidate_linux(p)
     code = 1 if result.failed() else 0
-    click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False)
+    click.echo(REPORTERS["text"]([result], code, use_color(sys.stdout)), nl=False, color=True)  # escapes only where use_color said
     sys.exit(code)

@@ -72,9 +72,9 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
     if output:
         atomic_write_text(output, report)
         if fmt != "text":
-            click.echo(REPORTERS["text"](results, code, use_color(sys.stdout)), nl=False)
+            click.echo(REPORTERS["text"](results, code, use_color(sys.stdout)), nl=False, color=True)
     else:
-        click.echo(report, nl=False)
+        click.echo(report, nl=False, color=True)  # color=True: click keeps the escapes use_color chose (FORCE_COLOR into a pipe)
     if table is not None and fmt == "text":
         click.echo(table, nl=False)
     sys.exit(code)

@@ -14,7 +14,13 @@ from raipack.core.errors import RaipackError
 
 
 def use_color(stream) -> bool:
-    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+    """Colour on a terminal. NO_COLOR set and not empty turns it off (no-color.org); FORCE_COLOR set and
+    not empty turns it on where the stream is not a terminal (force-color.org); with both set, NO_COLOR wins."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return hasattr(stream, "isatty") and stream.isatty()
 
 
 @contextmanager

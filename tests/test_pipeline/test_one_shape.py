@@ -11,6 +11,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from raipack.builder.stages import order
 from raipack.core.errors import RaipackError
 from raipack.core.findings import Finding
 from raipack.npu.contract import io_contract
@@ -74,7 +75,9 @@ def test_every_user_facing_error_is_a_raipack_error():
 
 def test_stages_do_not_rewrap_errors():
     """A stage's run() lets RaipackError through: no `except XError: raise RaipackError(str(exc), ...)`."""
-    for path in sorted((ROOT / "stages").glob("*/stage.py")):
+    paths = sorted((ROOT / "stages").glob("*/stage.py"))
+    assert {p.parent.name for p in paths} >= set(order()), "a stage of the registry has no stages/<name>/stage.py to check"
+    for path in paths:
         tree = ast.parse(path.read_text("utf-8"))
         for handler in (n for n in ast.walk(tree) if isinstance(n, ast.ExceptHandler)):
             for node in ast.walk(handler):

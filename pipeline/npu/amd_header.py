@@ -6,6 +6,11 @@ field with another wire type kept as unknown, repeated scalars packed or not); i
 refuses (a field number 0, wire types 6 and 7, an end-group without its start, a varint longer than
 ten bytes, a length past the end), naming the byte. It does not check that strings are UTF-8 (the
 syntax of AMD's .proto file, which decides that, is not known here).
+
+Its work is bounded by what it reads, not only by the file's size (issue 37): it stops with
+`HeaderLimit` after MAX_FIELDS fields (every tag, known or not, every packed element, every field
+inside a group) or MAX_MESSAGES messages. AMD's real headers are about 7 KB, a few thousand
+fields; 16 MiB of empty messages took 26-150 s and up to 1.6 GB before the limits.
 """
 
 from __future__ import annotations
@@ -15,11 +20,17 @@ from typing import NamedTuple
 from raipack.data import load_data
 
 MAX_DEPTH = 100  # protobuf's default recursion limit
+MAX_FIELDS = 200_000  # AMD's 7 KB headers hold a few thousand; each costs about a microsecond here
+MAX_MESSAGES = 50_000  # each message read becomes a dict (a few hundred bytes)
 WIRE = {"uint64": 0, "int32": 0, "bool": 0, "string": 2, "strings": 2, "message": 2, "repeated": 2, "map": 2}
 
 
 class HeaderError(ValueError):
     """The bytes are not a serialized Header; str() says what is wrong and at which byte."""
+
+
+class HeaderLimit(HeaderError):
+    """The header holds more fields or messages than raipack reads (it may well parse): str() says which limit, and where."""
 
 
 class Extent(NamedTuple):
@@ -58,12 +69,22 @@ class _Reader:
     def __init__(self, buf, messages: dict):
         self.buf = buf
         self.messages = messages
+        self.fields = 0  # read so far, at any depth: the work done
+        self.count = 0  # messages read so far
+
+    def tick(self, pos: int, fields: int = 1) -> None:
+        self.fields += fields
+        if self.fields > MAX_FIELDS:
+            raise HeaderLimit(f"holds more than {MAX_FIELDS} fields (the limit was passed at byte {pos})")
 
     def message(self, pos: int, end: int, kind: str, depth: int, out: dict, unknown: list | None = None) -> dict:
         """Parse the message at buf[pos:end] into `out` (a message seen again is merged into what
         was read before, as protobuf merges it); `unknown` gets a True for each unknown field."""
         if depth > MAX_DEPTH:
             raise HeaderError(f"messages nest deeper than {MAX_DEPTH} at byte {pos}")
+        self.count += 1
+        if self.count > MAX_MESSAGES:
+            raise HeaderLimit(f"holds more than {MAX_MESSAGES} messages (the limit was passed at byte {pos})")
         fields = self.messages[kind]
         while pos < end:
             number, wire, value, pos = self.field(pos, end, depth)
@@ -83,6 +104,7 @@ class _Reader:
         """(number, wire type, value, next position) of the field at `pos`: a varint's value, a
         length-delimited field's (start, end), None for the others."""
         start = pos
+        self.tick(start)
         tag, pos = _varint(self.buf, pos, end)
         number, wire = _field(tag, start)
         if wire == 0:
@@ -99,7 +121,7 @@ class _Reader:
                 raise HeaderError(f"a field of {length} bytes at byte {start} runs past the end ({end - pos} bytes left)")
             return number, wire, (pos, pos + length), pos + length
         if wire == 3:
-            return number, wire, None, _skip_group(self.buf, pos, end, number, depth + 1)
+            return number, wire, None, _skip_group(self, pos, end, number, depth + 1)
         raise HeaderError(f"an end-group without its start at byte {start}" if wire == 4 else f"wire type {wire}, which protobuf does not have, at byte {start}")
 
     def store(self, out: dict, spec: list, value, depth: int) -> None:
@@ -128,18 +150,24 @@ class _Reader:
         None for an entry with other fields, which protobuf (upb) keeps as an unknown field of the
         parent instead of a map entry."""
         unknown: list = []
-        entry = _Reader(self.buf, {**self.messages, "_entry": {"1": ["key", "string"], "2": ["value", "message", kind]}}).message(pos, end, "_entry", depth, {}, unknown)
+        name = f"_entry:{kind}"
+        if name not in self.messages:  # once per kind: the map entry's schema
+            self.messages = {**self.messages, name: {"1": ["key", "string"], "2": ["value", "message", kind]}}
+        entry = self.message(pos, end, name, depth, {}, unknown)
         return None if unknown else (entry.get("key", ""), entry.get("value", {}))
 
     def packed(self, pos: int, end: int) -> None:
         while pos < end:
+            self.tick(pos)
             _, pos = _varint(self.buf, pos, end)
 
 
-def _skip_group(buf, pos: int, end: int, number: int, depth: int) -> int:
+def _skip_group(reader: _Reader, pos: int, end: int, number: int, depth: int) -> int:
     """The position after the end-group of group `number` that starts at `pos`."""
+    buf = reader.buf
     open_groups = [number]
     while open_groups:
+        reader.tick(pos)
         if len(open_groups) + depth > MAX_DEPTH:
             raise HeaderError(f"groups nest deeper than {MAX_DEPTH} at byte {pos}")
         if pos >= end:

@@ -81,7 +81,7 @@ def validate(path: Path, profile: str = "auto", *, jobs: int | None = None, virt
     if places.is_hub(path):
         return _validate_hub(str(path), profile, chosen, jobs)
     if profile == model_package.PROFILE or (profile == "auto" and model_package.is_model_package(path)):  # each variant with its own profile
-        return model_package.validate_package(Path(path), chosen, jobs)
+        return model_package.validate_package(Path(path), chosen, jobs, validate=validate)
     start = time.perf_counter()
     ctx, reason = open_package(path, profile, chosen.verify_hashes, jobs, virtual)
     ctx.platform = chosen.platform

@@ -19,9 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"raipack": REPO / "pipeline", "raipack.stages": REPO / "stages"}
 
 # Circles still allowed, each the set of modules of one strongly connected component.
-ALLOWED = [
-    {"raipack.validate", "raipack.modelpackage.check"},  # issue 40: the lead removes this
-]
+ALLOWED: list[set[str]] = []
 
 
 def module_files(roots: dict[str, Path] = ROOTS) -> dict[str, Path]:
@@ -179,3 +177,51 @@ def test_a_package_that_re_exports_the_module_importing_it_is_a_circle(tmp_path)
     (graph_pkg / "rewrite.py").write_text("from raipack.stages.fuse.graph import NODE\n\ndef fold():\n    return NODE\n")
     found = circles(import_graph(module_files({"raipack.stages": tmp_path / "stages"})))
     assert found == ["raipack.stages.fuse.graph -> raipack.stages.fuse.graph.rewrite -> raipack.stages.fuse.graph"]
+
+
+# The modules issue 40 reworked: an import of raipack's own inside a function there says why, in a comment
+# starting `# late` on its line or on the first import of its group (start-up time, or a stub tests set).
+LATE_CHECKED = ["raipack.builder." + m for m in ("context", "crash", "handover", "hf_checks", "inputs", "logs", "naming", "runner")] + [
+    "raipack.evaluation.chain", "raipack.evaluation.run", "raipack.npu.catalog"]
+LATE_CHECKED_PACKAGES = ("raipack.stages.fuse.graph",)
+
+
+def unexplained_late_imports(files: dict[str, Path], names) -> list[str]:
+    """`module:line` of each import of the project's own modules inside a function with no `# late` comment
+    on its line or on the first import of the run of imports it belongs to."""
+    modules, out = set(files), []
+    for name in names:
+        path = files[name]
+        lines = path.read_text("utf-8").splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for body in (getattr(n, field) for n in ast.walk(fn) for field in ("body", "orelse", "finalbody")
+                         if isinstance(getattr(n, field, None), list)):
+                group: list[ast.stmt] = []
+                for stmt in body + [ast.Pass()]:
+                    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                        group.append(stmt)
+                        continue
+                    explained = any("# late" in lines[s.lineno - 1] for s in group)
+                    out += [f"{name}:{s.lineno}" for s in group
+                            if not explained and _targets(s, name, path.name == "__init__.py", modules)]
+                    group = []
+    return sorted(set(out))
+
+
+def test_imports_inside_functions_of_the_reworked_modules_say_why():
+    files = module_files()
+    names = LATE_CHECKED + [m for m in files if m.startswith(LATE_CHECKED_PACKAGES)]
+    assert len(names) > 15
+    assert unexplained_late_imports(files, names) == []
+
+
+def test_an_unexplained_late_import_is_found(tmp_path):
+    pkg = tmp_path / "pipeline" / "builder"
+    pkg.mkdir(parents=True)
+    for name in ("__init__", "naming"):
+        (pkg / f"{name}.py").write_text("")
+    (pkg / "logs.py").write_text("import os\n\n\ndef f():\n    import json\n\n    from raipack.builder import naming\n    return naming\n\n\n"
+                                 "def g():\n    if True:\n        import json  # late: a reason\n        from raipack.builder import naming\n")
+    files = module_files({"raipack": tmp_path / "pipeline"})
+    assert unexplained_late_imports(files, ["raipack.builder.logs"]) == ["raipack.builder.logs:7"]

@@ -24,6 +24,7 @@ from raipack.core.hashing import sha256_file
 from raipack.core.output import atomic_write_text, copy_tree, output_folder
 from raipack.core.package import role_of
 from raipack.modelpackage import check, layout
+from raipack.validate import validate
 
 
 def assemble_model_package(packages: list[Path], out: Path, *, export: Path | None = None, cache_root: Path | None = None, name: str | None = None) -> Path:
@@ -46,7 +47,7 @@ def assemble_model_package(packages: list[Path], out: Path, *, export: Path | No
                                        "raipack": {"sources": {vname: str(src) for vname, src in sources}}}}
         lfs.write(staging)  # one repository on the Hub: the LFS rules of every variant's files, at the root
         atomic_write_text(staging / layout.spec()["manifest"], json.dumps(doc, indent=2) + "\n")
-        result = check.validate_package(staging)
+        result = check.validate_package(staging, validate=validate)
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:
             raise RaipackError(f"the model package {out.name} fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)

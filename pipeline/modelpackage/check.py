@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from raipack.core import schemas
+from raipack.core.errors import RaipackError
 from raipack.core.findings import Finding, Result
+from raipack.core.package import Package
 from raipack.core.selection import Selection
 from raipack.modelpackage import layout, resolve
+from raipack.npu import profile as profiles
+
+# How one flat package folder is validated: raipack.validate.validate, handed in by the caller (the
+# validate layer sits above this module, so importing it here would make a circle).
+FolderValidator = Callable[..., Result]
 
 PROFILE = "ort-model-package"
 
@@ -20,9 +28,6 @@ PROFILE = "ort-model-package"
 def is_model_package(path: Path) -> bool:
     """An ONNX Runtime model package as the profile ort-model-package detects it: manifest.json with
     components, and no genai_config.json beside it."""
-    from raipack.core.package import Package
-    from raipack.npu import profile as profiles
-
     path = Path(path)
     if not path.is_dir() or not layout.looks_like_package(path):
         return False
@@ -47,8 +52,9 @@ class _Findings:
             self.items.append(Finding(check_id, "error", path, message, hint, pointer))
 
 
-def validate_package(path: Path, selection: Selection | None = None, jobs: int | None = None) -> Result:
-    """Validate the model package at `path`; findings name the variant they are about."""
+def validate_package(path: Path, selection: Selection | None = None, jobs: int | None = None, *, validate: FolderValidator) -> Result:
+    """Validate the model package at `path`, each variant's folder with `validate`; findings name the
+    variant they are about."""
     start = time.perf_counter()
     root = Path(path)
     selection = selection or Selection()
@@ -66,7 +72,7 @@ def validate_package(path: Path, selection: Selection | None = None, jobs: int |
     for variant in found:
         if not _variant_folder(root, variant, out):
             continue
-        result = _variant(root, variant, out, selection, jobs)
+        result = _variant(root, variant, out, selection, jobs, validate)
         if result is not None:
             profiles_used.append(f"{variant.name}: {result.profile}")
             files += result.files
@@ -148,11 +154,8 @@ def _references(root: Path, variant: layout.Variant, out: _Findings) -> None:
                     "store the referenced files in shared_assets/sha256-<their digest>, or write the package again", pointer)
 
 
-def _variant(root: Path, variant: layout.Variant, out: _Findings, selection: Selection, jobs: int | None) -> Result | None:
+def _variant(root: Path, variant: layout.Variant, out: _Findings, selection: Selection, jobs: int | None, validate: FolderValidator) -> Result | None:
     """The variant's own checks on the flat folder it resolves to; findings mapped back to package paths."""
-    from raipack.core.errors import RaipackError
-    from raipack.validate import validate
-
     _references(root, variant, out)
     with tempfile.TemporaryDirectory(prefix="raipack-variant-") as tmp:
         try:

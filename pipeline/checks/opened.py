@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from raipack.checks.base import check
 from raipack.npu.external_data import external_data_refs
+from raipack.npu.genai import table
 from raipack.npu.graph import load_graph
 from raipack.npu.opened import nearest_folder, opened
 
@@ -18,7 +19,9 @@ def loader_files(ctx):
     loader looks: relative to the package's folder. The graphs besides the decoder (RP702 checks its
     own) have their external data in the package too. A folder option naming a missing folder while
     the folder it must mean is elsewhere in the package gets that path in its hint. This, not a
-    profile's file list, decides which missing file is an error (RP107 warns of the rest)."""
+    profile's file list, decides which missing file is an error (RP107 warns of the rest). A vision
+    section without the `config_filename` its image processor reads is a warning."""
+    yield from _processor_config(ctx)
     for item in opened(ctx.genai):
         if item.kind == "file":
             continue  # external_data_file: RP404 (the header and its weights)
@@ -59,3 +62,14 @@ def _external_data(ctx, rel: str):
         return  # an unreadable graph: RP701 reports the decoder's; the others are read here only for their data
     for item in external_data_refs(g, ctx.pkg.path(rel).parent, ctx.pkg.real_root):
         yield ctx.finding(rel, item.message, item.hint, item.pointer, members=item.members)
+
+
+def _processor_config(ctx):
+    """A vision section's image processor reads model.vision.config_filename (gemma, phi, qwen2.5-vl,
+    mistral3 and videochat processors at v0.14.0); without it the processor opens the package folder
+    itself. A warning: not every vision model type of every version has been read."""
+    vision = table(table(ctx.genai, "model"), "vision")
+    if vision.get("filename") and not vision.get("config_filename"):
+        yield ctx.finding(GENAI, "model.vision names a vision graph but no config_filename: onnxruntime-genai's image processors read "
+                                 "their settings from that file", "set model.vision.config_filename to the package's processor config "
+                                 "(processor_config.json)", "/model/vision", severity="warning")

@@ -116,3 +116,14 @@ def test_a_complete_llm_package_without_its_genai_config_is_still_a_broken_packa
         main(["validate", str(pkg)])
     out, _err = capsys.readouterr()
     assert info.value.code == 1 and "RP107" in out and GENAI in out
+
+
+def test_a_vision_section_without_its_processor_config_is_a_warning(make_pkg, tmp_path):
+    case = DESCRIBED["vision-graph-missing"]
+    pkg = _build(make_pkg, tmp_path, case)
+    _tiny_graph(pkg / "vision.onnx")
+    doc = json.loads((pkg / GENAI).read_text())
+    del doc["model"]["vision"]["config_filename"]
+    (pkg / GENAI).write_text(json.dumps(doc))
+    found = [f for f in validate(pkg).findings if f.check_id == "RP109"]
+    assert [(f.severity, f.pointer) for f in found] == [("warning", "/model/vision")], found

@@ -143,7 +143,7 @@ def _git_env(tmp: Path) -> dict:
     return {"PATH": os.environ["PATH"], "HOME": str(tmp), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
 
 
-def git_check_attr(tmp: Path, cases: list[tuple[dict[str, bytes], list[str]]]) -> list[dict]:
+def git_check_attr(tmp: Path, cases: list[tuple[dict[str, bytes], list[str]]], attrs: list[str] = ATTRS) -> list[dict]:
     """git's answers for every case in one repository (case k under folder ck/) and one check-attr
     call: per case, {(path, attr): "set" | "unset" | "unspecified" | value}."""
     repo = tmp / "repo"
@@ -159,7 +159,7 @@ def git_check_attr(tmp: Path, cases: list[tuple[dict[str, bytes], list[str]]]) -
             target.write_bytes(data)
         asked += [f"c{k}/{p}" for p in paths]
     stdin = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in asked)
-    out = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "core.quotePath=false", "check-attr", "--stdin", "-z", *ATTRS],
+    out = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "core.quotePath=false", "check-attr", "--stdin", "-z", *attrs],
                          cwd=repo, env=env, input=stdin, check=True, capture_output=True).stdout
     fields = out.split(b"\0")
     answers: list[dict] = [{} for _ in cases]
@@ -170,11 +170,11 @@ def git_check_attr(tmp: Path, cases: list[tuple[dict[str, bytes], list[str]]]) -
     return answers
 
 
-def raipack_answers(files: dict[str, bytes], paths: list[str]) -> dict:
+def raipack_answers(files: dict[str, bytes], paths: list[str], names: list[str] = ATTRS) -> dict:
     attrs = Attributes({".gitattributes": ROOT, **{f"c/{rel}": data for rel, data in files.items()}})
     out = {}
     for p in paths:
-        for name in ATTRS:
+        for name in names:
             v = attrs.value(f"c/{p}", name)
             out[(p, name)] = "set" if v is True else "unset" if v is False else "unspecified" if v is None else v
     return out
@@ -257,3 +257,21 @@ def test_validate_with_backtracking_rule_finishes(make_pkg, tmp_path):
                           capture_output=True, timeout=20, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert b"Traceback" not in done.stderr and json.loads(done.stdout)["results"]
+
+
+CLASSES = ["alnum", "alpha", "blank", "cntrl", "digit", "graph", "lower", "print", "punct", "space", "upper", "xdigit"]
+
+
+@needs_git
+def test_every_class_and_wildcard_takes_the_bytes_git_takes(tmp_path):
+    """Each `[:class:]`, `?`, a negated set and a reversed range against every byte a file name can
+    hold (1-255 but "/"): git's ctype (its isspace has no \\v or \\f), not Python's or the C library's."""
+    names = [bytes([b]).decode("utf-8", "surrogateescape") for b in range(1, 256) if b not in b"/."]  # git reads "." as the folder
+    lines = [f"[[:{name}:]] {name}" for name in CLASSES] + ["d/? filter=any", "d/[!a-y] text=neg", "d/[z-a] diff=reversed"]
+    files = {".gitattributes": ("\n".join(lines) + "\n").encode()}
+    paths = names + ["d/" + n for n in names]
+    asked = [*CLASSES, "filter", "text", "diff"]
+    git = git_check_attr(tmp_path, [(files, paths)], asked)[0]
+    ours = raipack_answers(files, paths, asked)
+    assert sum(v == "set" for v in git.values()) > 500  # the classes take bytes at all
+    assert {k: (ours[k], git[k]) for k in git if ours[k] != git[k]} == {}

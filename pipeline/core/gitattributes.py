@@ -31,6 +31,7 @@ is read as bytes, as git reads it:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from raipack.core.wildmatch import Matcher, literal_length
@@ -160,7 +161,8 @@ _RUNS = {True: re.compile(rb"[ \t\r\n]*"), False: re.compile(rb"[^ \t\r\n]*")}
 
 def _span(line: bytes, pos: int, inside: bool) -> int:
     """strspn (inside) or strcspn (not inside) of BLANK from `pos`."""
-    return _RUNS[inside].match(line, pos).end()
+    run = _RUNS[inside].match(line, pos)
+    return run.end() if run else pos  # always a match: both patterns take zero bytes
 
 
 def _attr_values(states: bytes) -> tuple | None:
@@ -224,7 +226,7 @@ def _rule(pattern: bytes, values: tuple, base: str, line: int) -> Rule:
 class Attributes:
     """The rules of every `.gitattributes` of a folder, in the order git applies them."""
 
-    def __init__(self, files: dict[str, str | bytes]):
+    def __init__(self, files: Mapping[str, str | bytes]):
         """`files` maps each `.gitattributes` path (relative to the root) to its text (bytes as read, or str)."""
         self.macros = dict(MACROS)
         self.rules: list[Rule] = []

@@ -199,13 +199,13 @@ def _bracket(p: bytes, i: int) -> tuple[frozenset | None, int]:
             taken.update(range(prev, ch + 1))
             ch = 0
         elif ch == OPEN and at(j + 1) == ord(":"):
-            members, k = _class(p, j + 2)
-            if members is None:
+            named, k = _class(p, j + 2)
+            if named is None:
                 return None, n
             if k < 0:
                 taken.add(OPEN)  # no ":]": the "[" is an ordinary member
             else:
-                taken.update(members)
+                taken.update(named)
                 ch, j = 0, k
         else:
             taken.add(ch)
@@ -214,8 +214,8 @@ def _bracket(p: bytes, i: int) -> tuple[frozenset | None, int]:
         ch = at(j)
         if ch == CLOSE:
             break
-    members = frozenset(taken) & _ALL
-    return (_ALL - members if negated else members), j + 1
+    result = frozenset(taken) & _ALL
+    return (_ALL - result if negated else result), j + 1
 
 
 def _class(p: bytes, start: int) -> tuple[bytes | None, int]:

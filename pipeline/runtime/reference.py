@@ -4,7 +4,8 @@
   checked against the file at load, sha256 of every tensor checked at load unless `verify="sizes"`)
   and handed to onnxruntime as external initializers, so onnxruntime never reads `model.bin` itself.
   `model.onnx` must reference exactly the offsets the header lists.
-- Plans: every tier's `dd_metastate_*.plan` is loaded, its `.state` must name the plan's, the
+- Plans (checked by pipeline/runtime/load_checks.py, with the header and the external data): every
+  tier's `dd_metastate_*.plan` is loaded, its `.state` must name the plan's, the
   header's and the graph's sha256, the plan must name its phase's shared schedule
   (`cache/<node>_<phase>.schedule.json`) with that file's sha256, and be consistent with it.
   A plan of an older format version is refused with one sentence: rebuild the package.

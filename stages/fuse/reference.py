@@ -14,6 +14,8 @@ writes into `out_dir` (new or empty: raipack.core.output.output_folder; the buil
     dd_metastate_Llm_{Prefill|Token}_decoder_<L>.{plan,state}   one set per tier ≤ max_length
     genai_config.json, rai_config.json, config.json, tokenizer files, generation_config.json, README.md
 
+This module reads the export and writes the weights, the header and cache/; the schedules and plans
+are tier_plans.py's, the configuration files and the card configs.py's, the run they share fuse_run.py's.
 Tiers, lengths, options and constraints all come from the profile; nothing here is a tier constant.
 The weights are never loaded into Python objects: the source `model.onnx.data` is memory-mapped and
 slices of it are written out while a thread pool hashes them.

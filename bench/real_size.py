@@ -200,10 +200,10 @@ def tool_seconds(stage: str, report: dict) -> float | None:
 
 def checks_seconds(stage: str, report: dict) -> float | None:
     """raipack's own checks inside the stage, as the stage timed them: the quality probes (quantize), parity
-    (export), the package's perplexity and the export's check of its tokens (smoke). None where the stage has
+    (export), the package's perplexities, its BFP16 run and the export's check of its tokens (smoke). None where the stage has
     none of its own timing."""
     if stage == "smoke" and "seconds_export_check" in report:
-        return round(sum(report.get(k) or 0 for k in ("seconds_perplexity", "seconds_export_check")), 1)
+        return round(sum(report.get(k) or 0 for k in ("seconds_perplexity", "seconds_numerics", "seconds_export_check")), 1)
     part = {"quantize": "quality", "export": "parity"}.get(stage)
     seconds = (report.get(part) or {}).get("seconds") if part else None
     return round(seconds, 1) if seconds is not None else None

@@ -55,6 +55,13 @@ def test_example_model_builds_validates_and_answers(tmp_path):
     assert "Paris" in smoke["answer"]
     assert smoke["tokens_match_export"] is True
     assert smoke["overlong_prompt_refused"] is True
+    # issue 39: the NPU target's numerics by default: the answer and perplexity under BFP16, beside the float check
+    assert smoke["numerics"] == "bfp16" and "Paris" in smoke["answer_bfp16"] and smoke["ttft_cold_s"] > 0
+    assert 0 < smoke["ppl_package_bfp16"] / smoke["ppl_package"] - 1 < 0.05, smoke  # measured +0.67 % (docs/measurements/bfp16.md)
+    chain = report["quality_chain"]
+    assert [r["model"] for r in chain["rows"]][-1] == "package (cpu-reference, BFP16 activations, predicted on the device)"
+    assert chain["rows"][-1]["drop"] and "not published" in chain["note"]
+    assert any(line.startswith("perplexity source") and "package (BFP16, predicted)" in line for line in printed), "\n".join(printed)
     check_example_package_files(pkg, tmp_path)
     print(f"\nend-to-end build: {build_seconds:.0f} s; " + ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in report["stages"]))
 
@@ -90,6 +97,9 @@ def check_example_package_files(pkg, tmp_path):
     assert [r.findtext("td") for r in doc.findall(".//table[@id='stage-table']/tbody/tr")] == ["source", "quantize", "export", "fuse", "smoke"]
     assert len([e for e in doc.iter() if e.tag.endswith("svg")]) >= 2  # stage bars, the smoke run's TTFT per tier
     assert doc.find(".//section[@id='findings']") is not None
+    quality = [[c.text for c in r.findall("td")] for r in doc.findall(".//table[@id='quality-table']/tbody/tr")]
+    assert quality[-1][1] == "package (cpu-reference, BFP16 activations, predicted on the device)" and quality[-1][4], quality
+    assert "not published" in (pkg / "README.md").read_text()  # the card's chain says what BFP16 is
     tiers = {r.findall("td")[0].text: r.findall("td")[1].text for r in doc.findall(".//table[@id='tier-table']/tbody/tr")}
     assert tiers["prefill"].startswith("1, 128, 256") and tiers["token"].startswith("384, 640")  # the tiers compiled into the package
     html5lib.HTMLParser(strict=True).parse((pkg / "report.html").read_text())

@@ -78,7 +78,8 @@ def built(tmp_path_factory):
                 recipe = load(None, {"model": str(model), "name": model_name(family), "profile": profile_id,
                                      "output": str(own / "build"), "quantize.num_samples": 2, "quantize.seq_len": 64, "quantize.quality": False,
                                      "smoke.max_tier": SMOKE_MAX_TIER,
-                                 "smoke.perplexity": False})  # the held-out perplexity (5 of a seed smoke's 8 s) is the smoke tests' and the e2e's
+                                 "smoke.perplexity": False,  # the held-out perplexity (5 of a seed smoke's 8 s) is the smoke tests' and the e2e's
+                                 "smoke.numerics": "float"})  # BFP16 (the NPU target's default) is the e2e's and tests/test_stages/test_smoke_numerics.py's
                 out[family, profile_id] = result = build(recipe, cache_root=shared / "cache" / family)
             if os.environ.get(TIMES_ENV):  # docs/measurements/families.md: where a family's build time goes
                 with open(os.environ[TIMES_ENV], "a") as fh:

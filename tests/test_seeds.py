@@ -53,7 +53,8 @@ def built(tmp_path_factory):
             recipe = load(None, {"model": str(MODELS[family]), "name": model_name(name), "profile": spec["profile"],
                                  "output": str(root / "build"), "quantize.num_samples": 4, "quantize.seq_len": 64, "quantize.quality": False,
                                  "smoke.max_tier": SMOKE_MAX_TIER,
-                                 "smoke.perplexity": False})  # the held-out perplexity (5 of a seed smoke's 8 s) is the smoke tests' and the e2e's
+                                 "smoke.perplexity": False,  # the held-out perplexity (5 of a seed smoke's 8 s) is the smoke tests' and the e2e's
+                                 "smoke.numerics": "float"})  # BFP16 (the NPU target's default) is the e2e's and tests/test_stages/test_smoke_numerics.py's
             out[name] = build(recipe, cache_root=root / "cache")
         return out[name]
 

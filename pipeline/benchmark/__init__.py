@@ -13,6 +13,8 @@ really ran named in every row.
 - Numerics (`numerics`, e.g. ["float", "bfp16"]): the reference backend once per numerics; under
   bfp16 (pipeline/runtime/numerics.py) its rows are backend `reference-bfp16`, and its figures get
   a ratio against the float `reference` rows: the cost of the NPU's formats emulated on the CPU.
+  Not given (None): the device's numerics (evaluation/targets.py device_numerics), bfp16 alone for a
+  package of an NPU or hybrid target, whose rows then get their ratio to the export (`oga`).
 - Each backend runs in a child process (pipeline/benchmark/child.py) started from an empty folder:
   its peak memory is its own, and nothing is imported from the current folder.
 - Warm-up runs, then N runs per length; median, min and max of each figure.
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raipack.core.errors import RaipackError, UsageError
+from raipack.evaluation.targets import device_numerics
 from raipack.runtime.prompts import defaults
 
 BACKENDS = ("reference", "oga", "npu")
@@ -132,10 +135,12 @@ class Runs:
     warmup: int = 1  # untimed runs first
 
 
-def parse_numerics(text: str) -> list[str]:
-    """'float,bfp16' -> ["float", "bfp16"]; UsageError for another name."""
+def parse_numerics(text: str | None) -> list[str] | None:
+    """'float,bfp16' -> ["float", "bfp16"]; UsageError for another name; None (not given): None, the device's."""
     from raipack.runtime.numerics import check_mode
 
+    if text is None:
+        return None
     return list(dict.fromkeys(check_mode(t.strip()) for t in str(text).split(",") if t.strip())) or ["float"]
 
 
@@ -145,11 +150,15 @@ def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str
     gen = runs.gen
     from raipack.runtime.numerics import ready
 
-    numerics = ready(numerics or ["float"])
     package = Path(package)
     if not package.is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
     notes: list[str] = []
+    if numerics is None and backend in (None, "reference"):  # the device's numerics: bfp16 for a package of an NPU target
+        default, why = device_numerics(package)
+        numerics = [default]
+        notes += [why] if why else [f"reference backend under {default} numerics, the device's (--numerics float for the float graph)"] if default != "float" else []
+    numerics = ready(numerics or ["float"])
     limit, max_length, source = prompt_limit(package)
     lengths = choose_lengths(lengths, gen, limit, max_length, source, notes)
     if export is None and backend in (None, "oga", "npu"):
@@ -262,4 +271,9 @@ def bench(plan: Plan, runner=run_child) -> dict:
         rows += rows_of(backend, result, plan)
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "package": str(plan.package), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": start_machine, "settings": {"lengths": plan.lengths, "gen_tokens": plan.gen, "runs": plan.runs, "warmup": plan.warmup},
-            "rows": rows, "ratios": ratios(rows) + ratios(rows, "reference-bfp16", "reference"), "notes": plan.notes}
+            "rows": rows, "ratios": ratios(rows) + ratios(rows, "reference-bfp16", "reference") + _bfp16_vs_oga(rows), "notes": plan.notes}
+
+
+def _bfp16_vs_oga(rows: list[dict]) -> list[dict]:
+    """reference-bfp16/oga when the package ran under BFP16 alone (the default for an NPU package): the ratio to its export."""
+    return [] if any(r["backend"] == "reference" for r in rows) else ratios(rows, "reference-bfp16", "oga")

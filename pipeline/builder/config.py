@@ -19,7 +19,7 @@ class EvalConfig:
     limit: int | None = None
     num_fewshot: int | None = None
     max_drop: float = 0.05
-    numerics: Literal["float", "bfp16"] = "float"  # bfp16: the package is scored under BFP16 too, and that row is gated
+    numerics: Literal["float", "bfp16"] | None = None  # bfp16: the package is scored under BFP16 too, and that row is gated; unset: the device's (bfp16 for NPU targets)
 
 
 def parse_config(cls, data: dict | None, where: str):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from raipack.core import frontmatter
 from raipack.data import load_data
+from raipack.report.chain import chain_lines
 
 MARK = "\n## Build record\n"
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -36,6 +37,9 @@ def build_section(report: dict) -> str:
             quality.append(f"| {s['name']} | {k} | {v} |")
     if quality:
         lines += ["", "| stage | measure | value |", "|---|---|---|"] + quality
+    chain = chain_lines(report["stages"])  # source → Quark → export → package (float) → package (BFP16, predicted)
+    if chain:
+        lines += ["", load_data("model_card.json")["quality_chain_heading"], ""] + [f"- {line}" for line in chain]
     lines += ["", "Tools: " + ", ".join(f"{k} {v}" for k, v in report["tools"].items()), ""]
     return "\n".join(lines)
 

@@ -34,6 +34,7 @@ from raipack.core.output import atomic_write_text, copy_tree
 from raipack.core.stage import Job
 from raipack.npu import profile as profiles
 from raipack.npu.spec import Profile
+from raipack.report.chain import document as quality_chain
 
 
 class StageFailed(RaipackError):
@@ -76,6 +77,7 @@ class BuildResult:
             "findings": [f.to_dict() for f in self.findings],
             "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
             **({"eval": self.evaluation} if self.evaluation else {}),
+            **({"quality_chain": chain} if (chain := quality_chain([{"name": s.name, "report": s.report} for s in self.stages])) else {}),
         }
 
 

@@ -19,8 +19,9 @@ from raipack.core.errors import UsageError
 @click.option("--warmup", type=click.IntRange(0, 100), default=1, show_default=True, help="Untimed runs first.")
 @click.option("--backend", type=click.Choice(["npu", "reference", "oga"]), help="One backend only (default: reference and oga side by side).")
 @click.option("--export", "export", type=click.Path(path_type=Path, file_okay=False, exists=True), help="The unfused export (default: found through manifest.json's lineage in the build cache).")
-@click.option("--numerics", default="float", show_default=True,
-              help="The reference backend's numerics, comma-separated: float, bfp16 (the NPU's BFP16 activations as Quark defines them; needs amd-quark), or float,bfp16 side by side.")
+@click.option("--numerics", default=None,
+              help="The reference backend's numerics, comma-separated: float, bfp16 (the NPU's BFP16 activations as Quark defines them; needs amd-quark), or float,bfp16 side by side. "
+                   "Default: the device's, bfp16 for a package of an NPU or hybrid target (float without amd-quark), float for other targets.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write here instead of stdout.")
 def bench_cmd(package, lengths, fmt, output, **measure):

@@ -71,11 +71,15 @@ def summary(result, mode: str) -> int:
     """Print where the package is and what to do with it (nothing in json mode); the exit code."""
     if mode == "json":
         return 0
+    from raipack.report.chain import chain_lines  # the command line imports its use cases when they run (start-up time)
+
     if result.package:
         click.echo(f"\npackage   {result.package}")
         click.echo(f"report    {result.package / 'report.json'}")
         click.echo(f"validate  raipack validate {result.package}")
         click.echo(f"run       raipack run {result.package} --prompt \"What is the capital of France?\"")
+        for line in chain_lines([{"name": s.name, "report": s.report} for s in result.stages]):  # source → ... → package (BFP16)
+            click.echo(line)
     else:
         last = result.stages[-1] if result.stages else None
         if last:

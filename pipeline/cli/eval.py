@@ -19,8 +19,9 @@ from raipack.cli.main import cli
 @click.option("--include-path", type=click.Path(path_type=Path), help="A local task folder: lm-eval YAML task files and their JSONL data.")
 @click.option("--chain", is_flag=True, help="TARGET is a build (its output folder or its package): run every stage and show the drops.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write lm-eval's results (JSON, with a \"raipack\" key) here.")
-@click.option("--numerics", type=click.Choice(["float", "bfp16"]), default="float", show_default=True,
-              help="bfp16: score a package under float and under the NPU's BFP16 activations (as Quark defines them), side by side.")
+@click.option("--numerics", type=click.Choice(["float", "bfp16"]), default=None,
+              help="bfp16: score a package under float and under the NPU's BFP16 activations (as Quark defines them), side by side; float: float only. "
+                   "Default: the device's, bfp16 for a package of an NPU or hybrid target (raipack's reference packages included), float for other targets.")
 def eval_cmd(target, tasks, chain, output, **request):
     """Score TARGET with lm-eval-harness; the kind of TARGET is detected.
 
@@ -52,8 +53,8 @@ def eval_cmd(target, tasks, chain, output, **request):
         text = chain_table(doc)
     else:
         doc = evaluate(target, req)
-        if request["numerics"] == "float":
-            text = table(doc) + f"\nran on: {doc['raipack']['ran_on']}"
+        if "rows" not in doc["raipack"]:  # one numerics: float
+            text = table(doc) + f"\nran on: {doc['raipack']['ran_on']}" + (f"\nnote: {doc['raipack']['numerics_skipped']}" if doc["raipack"].get("numerics_skipped") else "")
         else:
             text = numerics_table(doc) + "".join(f"\nran on ({r['numerics']}): {r['ran_on']}" for r in doc["raipack"]["rows"])
     if output is not None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from raipack.core.errors import UsageError
+from raipack.data import load_data
 from raipack.npu.target import Target as ProfileTarget
 
 KINDS = ("source", "quark", "export", "package")
@@ -29,7 +31,7 @@ def _config(folder: Path) -> dict:
 def _is_package(folder: Path) -> bool:
     """A raipack or AMD package: a profile of a package target (not an intermediate one) fits it."""
     from raipack.core.package import Package
-    from raipack.npu.profile import detect
+    from raipack.npu.detect import detect
 
     found = detect(Package.scan(folder))
     return found is not None and found.profile.target is not ProfileTarget.INTERMEDIATE
@@ -53,3 +55,17 @@ def detect_target(path: Path) -> Target:
         return Target(folder, "source")
     raise UsageError(f"{folder} is none of the folders raipack eval runs: no package, no genai_config.json with model.onnx, no config.json with safetensors weights",
                      "give a package, an OGA export, a Quark export (config.json quant_method quark) or a Hugging Face model folder")
+
+
+def device_numerics(folder: Path) -> tuple[str, str]:
+    """(the numerics the device of a package's profile target computes with, "") — bfp16 for NPU and hybrid
+    packages and raipack's reference packages of them (pipeline/data/numerics.json "by_target"), float for
+    the others — or ("float", why not) when they need amd-quark and it is not installed."""
+    from raipack.core.package import Package
+    from raipack.npu.detect import detect
+
+    found = detect(Package.scan(Path(folder)))
+    mode = load_data("numerics.json")["by_target"].get(found.profile.target.value if found else "", "float")
+    if mode != "float" and importlib.util.find_spec("quark") is None:
+        return "float", f"scored in float only: the device's {mode} numerics need amd-quark (raipack's build extra)"
+    return mode, ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raipack.report import inputs
+from raipack.report import chain, inputs
 
 
 def page_data(name: str, summary: dict, findings: list[dict], report: dict | None = None, bench: dict | None = None, evaluation: dict | None = None) -> dict:
@@ -19,7 +19,9 @@ def page_data(name: str, summary: dict, findings: list[dict], report: dict | Non
         "runs_on": summary.get("runs_on"),
         "build_seconds": (report or {}).get("seconds"),
         "stages": [{"name": s["name"], "status": s.get("status", ""), "seconds": float(s["seconds"]), "summary": str((s.get("report") or {}).get("summary", ""))} for s in stages],
-        "quality": quality_chain(stages),
+        "quality": chain.quality_chain(stages),
+        "bfp16_changed_answer": chain.answer_change(stages),
+        "chain_lines": chain.chain_lines(stages),
         "eval": eval_tables(evaluation),
         "perf": performance(stages, bench),
         "tiers": {"rows": summary.get("tiers") or [], "in_files": {phase.lower(): tiers for phase, tiers in ((summary.get("buckets") or {}).get("tiers_in_files") or {}).items()},  # Prefill -> prefill
@@ -57,30 +59,6 @@ def by_file(findings: list[dict]) -> list[dict]:
     return [{"path": p or "(the package)", "findings": groups[p]} for p in sorted(groups)]
 
 
-def quality_chain(stages: list[dict]) -> list[dict]:
-    """Perplexity source → quantized (quantize stage), Quark → export (export stage), the package under float and,
-    when the smoke stage measured it, under BFP16 activations (smoke)."""
-    rows = []
-    for s in stages:
-        q = (s.get("report") or {}).get("quality")
-        if not isinstance(q, dict):
-            continue
-        if "ppl_source" in q:
-            rows.append({"stage": s["name"], "model": "source", "ppl": q.get("ppl_source"), "vs": None, "answer": q.get("answer_source")})
-            rows.append({"stage": s["name"], "model": "quantized", "ppl": q.get("ppl_quantized"), "vs": _increase(q.get("ppl_increase")), "answer": q.get("answer_quantized")})
-        elif "ppl_exported" in q:
-            rows.append({"stage": s["name"], "model": "Quark model (export's window)", "ppl": q.get("ppl_quark"), "vs": None, "answer": None})
-            rows.append({"stage": s["name"], "model": "export", "ppl": q.get("ppl_exported"), "vs": _ratio(q.get("ppl_ratio")),
-                         "answer": "greedy tokens identical" if q.get("greedy_identical") else "greedy tokens differ"})
-        elif "tokens_match_export" in q:
-            rows.append({"stage": s["name"], "model": f"package ({q.get('device', '?')}, float)", "ppl": q.get("ppl_package"),
-                         "vs": "tokens equal the export's" if q.get("tokens_match_export") else "tokens differ from the export's", "answer": q.get("answer")})
-            if "ppl_package_bfp16" in q:
-                rows.append({"stage": s["name"], "model": f"package ({q.get('device', '?')}, BFP16 activations)", "ppl": q.get("ppl_package_bfp16"),
-                             "vs": _vs_float(q.get("ppl_package_bfp16"), q.get("ppl_package")), "answer": q.get("answer_bfp16"), "note": q.get("numerics_note")})
-    return rows
-
-
 def eval_tables(doc: dict | None) -> dict | None:
     """Rows of (stage, task, metric, value, stderr, drop) from lm-eval's results or raipack's chain."""
     if not doc:
@@ -112,9 +90,14 @@ def performance(stages: list[dict], bench: dict | None) -> dict:
     smoke = _smoke(stages)
     ttft = smoke.get("ttft_s") if isinstance(smoke.get("ttft_s"), dict) else {}
     points = [{"prompt_tokens": int(k), "ttft_ms": {"median": float(v) * 1000}} for k, v in ttft.items() if str(k).isdigit() and inputs._number(v)]
+    cold = smoke.get("ttft_cold_s") if inputs._number(smoke.get("ttft_cold_s")) else None
+    cold_tokens = points[0]["prompt_tokens"] if points else None
+    if cold is None and len(points) > 1:  # a report before the warm-up call: its first call (the fixed prompt) was the cold one
+        cold, points = points[0]["ttft_ms"]["median"] / 1000, points[1:]
     if not points:
         return {"source": None}
-    return {"source": "smoke", "series": {str(smoke.get("device", "smoke")): points}, "decode_tokens_per_s": smoke.get("decode_tokens_per_s"), "device": smoke.get("device")}
+    return {"source": "smoke", "series": {f"{smoke.get('device', 'smoke')} (warm)": points}, "decode_tokens_per_s": smoke.get("decode_tokens_per_s"),
+            "device": smoke.get("device"), "cold": {"prompt_tokens": cold_tokens, "ttft_s": cold} if cold is not None else None}
 
 
 def _smoke(stages: list[dict]) -> dict:
@@ -131,15 +114,3 @@ def _drop(drop, task: str, key: str):
         if isinstance(drop, dict):
             drop = drop.get(step)
     return drop if inputs._number(drop) else None
-
-
-def _vs_float(bfp, flt):
-    return f"{bfp / flt - 1:+.2%} vs float" if inputs._number(bfp) and inputs._number(flt) and flt else None
-
-
-def _increase(v):
-    return f"{v:+.1%}" if isinstance(v, (int, float)) else None
-
-
-def _ratio(v):
-    return f"ratio {v:.4f}" if isinstance(v, (int, float)) else None

@@ -2,17 +2,19 @@
 answers; otherwise say exactly why and run the reference runtime on the CPU,
 marked `cpu-reference` — never reported as an NPU run.
 
-With `numerics = "bfp16"` it measures on the CPU the package's perplexity on the held-out text (the export's
-window, pipeline/runtime/heldout.py) under float and under the NPU's BFP16 activations
-(pipeline/runtime/numerics.py), with the answer to the fixed prompt under BFP16; `perplexity = true` asks for the
-float one alone (under float numerics the export stage's parity measured the same window on the unfused graph,
-and the package's tokens are checked against the export's: at Llama-3.1-8B the 256 token steps took 99 s, a sixth
-of the package's own runs). The token-equality checks stay float: they check the fusion, which BFP16 rounding
-would blur.
+On the CPU, the package of an NPU or hybrid target (and its raipack reference package) is also run under the
+NPU's numerics by default (`numerics`, unset: pipeline/data/numerics.json "by_target"; stages/smoke/device.py):
+its answer to the fixed prompt and its held-out perplexity under BFP16 activations (pipeline/runtime/numerics.py),
+the prediction of what the device computes, beside the float perplexity on the same window (the export's,
+pipeline/runtime/heldout.py). `numerics = "float"` in the recipe keeps the float run alone; `perplexity = false`
+keeps only the answers. The float run is the check of the fusion: the package's tokens are checked against the
+export's (at Llama-3.1-8B the 256 token steps took 99 s, a sixth of the package's own runs); BFP16 rounding would
+blur that check, so it stays float.
 
-The package decodes every prompt the NPU runtime's way; the export checks its tokens from prefills
-(OrtDecoder.forced): the fixed prompt's in two calls, every tier's from one prefill of the longest tier
-prompt, of which the others are prefixes (docs/memory.md)."""
+The package decodes every prompt the NPU runtime's way, after one untimed warm-up call (its time is kept as
+`ttft_cold_s`: the first call pays for onnxruntime's first run, not for the prompt's length); the export checks
+its tokens from prefills (OrtDecoder.forced): the fixed prompt's in two calls, every tier's from one prefill of
+the longest tier prompt, of which the others are prefixes (docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Literal, NamedTuple
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, Stage
+from raipack.stages.smoke import device
 
 PROMPT = "What is the capital of France?"
 FILLER = "The quick brown fox jumps over the lazy dog while the river runs to the sea. "
@@ -41,8 +44,8 @@ class SmokeConfig:
     tiers: Literal["scaled", "all"] = "scaled"  # scaled: every tier up to all_tiers_up_to, then the largest once; all: every tier
     all_tiers_up_to: int = 1024
     threads: int | None = None
-    perplexity: bool | None = None  # the package's held-out perplexity (cpu-reference only); default: with numerics bfp16
-    numerics: Literal["float", "bfp16"] = "float"  # bfp16: perplexity and answer under BFP16 too
+    perplexity: bool | None = None  # the package's held-out perplexity (cpu-reference only); default: when the numerics are not float
+    numerics: Literal["float", "bfp16"] | None = None  # None: the target's (bfp16 for NPU and hybrid); bfp16: answer and perplexity under BFP16 too
 
 
 def tier_prompt(tokenizer, length: int) -> list[int]:
@@ -98,19 +101,28 @@ def run(job: Job) -> dict:
     if runtime is None:
         return _summarize(report)
 
-    # the stage's work is the package answering its prompts (loaded for it); the perplexity and the export's check
-    # are raipack's own checks
+    # the stage's work is the package answering its prompts (loaded for it); the perplexity, the device's numerics
+    # and the export's check are raipack's own checks
+    numerics = device.numerics_of(cfg, job.profile, report)
     runs = _run_package(report, runtime, tok, fixed, cfg, job.progress)
     seconds = {"package": time.perf_counter() - started}
-    if cfg.perplexity if cfg.perplexity is not None else cfg.numerics != "float":
+    ids: list[int] = []
+    if cfg.perplexity if cfg.perplexity is not None else numerics != "float":
         started = time.perf_counter()
-        _perplexities(report, runtime, tok, fixed, cfg, job.progress)
+        ids = device.float_perplexity(report, runtime, tok, job.progress)
         seconds["perplexity"] = time.perf_counter() - started
-    started = time.perf_counter()
-    # One model at a time: the package's weights are freed before the export's are loaded (at 8B each is
-    # ~8 GiB; held together they were the stage's peak). The export checks the package's tokens afterwards.
+    # One model at a time: the package's weights are freed before the next is loaded, the BFP16 runtime or the
+    # export (at 8B each is ~8 GiB; held together they were the stage's peak). The export checks the package's
+    # tokens afterwards.
+    pkg_dir = runtime.pkg
     del runtime
     gc.collect()
+    if numerics != "float":
+        started = time.perf_counter()
+        device.device_run(report, pkg_dir, tok, (fixed, ids), cfg, job.progress)
+        seconds["numerics"] = time.perf_counter() - started
+        gc.collect()
+    started = time.perf_counter()
     _check_against_export(report, export, runs, cfg.threads)
     seconds["export_check"] = time.perf_counter() - started
     report.update({f"seconds_{k}": round(v, 2) for k, v in seconds.items()})
@@ -139,6 +151,8 @@ def _run_package(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig,
     from raipack.runtime.chat import timed_generate
     from raipack.runtime.reference import RuntimeRefusal
 
+    cold = timed_generate(runtime, fixed, 1, stop_at_eos=False)  # the warm-up: the first call pays onnxruntime's first run
+    report["ttft_cold_s"] = round(cold.ttft, 4)
     main = timed_generate(runtime, fixed, cfg.max_new_tokens, stop_at_eos=False)
     answer_tokens = main.tokens[: next((i + 1 for i, t in enumerate(main.tokens) if t in runtime.eos_token_ids), len(main.tokens))]
     report.update(answer=tok.decode(answer_tokens, skip_special_tokens=True).strip(), finite=main.finite,
@@ -180,28 +194,6 @@ def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads
     report["tiers"] = runs.tiers
 
 
-def _perplexities(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig, progress) -> None:
-    """The package's held-out perplexity under float and, with numerics bfp16, under BFP16 (and its answer)."""
-    from raipack.runtime.heldout import heldout_ids, package_perplexity
-    from raipack.runtime.numerics import HONEST
-    from raipack.runtime.reference import ReferenceRuntime
-
-    ids = heldout_ids(tok, runtime.max_length - 1)
-    if len(ids) < 2:
-        return
-    report["ppl_window_tokens"] = len(ids)
-    with progress.task("held-out perplexity", 1 + (cfg.numerics != "float")) as advance:
-        report["ppl_package"] = round(package_perplexity(runtime, ids), 4)
-        advance()
-        if cfg.numerics != "float":
-            bfp = ReferenceRuntime(runtime.pkg, threads=cfg.threads, numerics=cfg.numerics)
-            report[f"ppl_package_{cfg.numerics}"] = round(package_perplexity(bfp, ids), 4)
-            got = bfp.generate(fixed, cfg.max_new_tokens, stop_at_eos=True)
-            report[f"answer_{cfg.numerics}"] = tok.decode([t for t in got if t not in bfp.eos_token_ids], skip_special_tokens=True).strip()
-            report["numerics_note"] = HONEST
-            advance()
-
-
 def _problems(r: dict, expected: str | None) -> list[str]:
     out = []
     if not r.get("finite", True) or not all(t["finite"] for t in r.get("tiers", [])):
@@ -213,13 +205,19 @@ def _problems(r: dict, expected: str | None) -> list[str]:
         out.append("a prompt longer than max_prompt_length was not refused")
     if expected and expected.lower() not in r.get("answer", "").lower():
         out.append(f"the answer {r.get('answer', '')!r} does not contain {expected!r}")
+    device_answer = r.get(f"answer_{r.get('numerics')}")  # the answer predicted on the device (BFP16)
+    if expected and device_answer is not None and expected.lower() not in str(device_answer).lower():
+        out.append(f"the answer under {str(r['numerics']).upper()} {device_answer!r} does not contain {expected!r}")
     return out
 
 
 def _summarize(report: dict) -> dict:
-    report["summary"] = f"{report['device']}: {report.get('answer', '')[:60]!r}" + (f", {report['decode_tokens_per_s']} tok/s" if "decode_tokens_per_s" in report else "")
+    numerics = report.get("numerics", "float")
+    answer = report.get(f"answer_{numerics}", report.get("answer", ""))
+    how = f" ({numerics.upper()}, predicted)" if numerics != "float" else ""
+    report["summary"] = f"{report['device']}{how}: {answer[:60]!r}" + (f", {report['decode_tokens_per_s']} tok/s" if "decode_tokens_per_s" in report else "")
     report["quality"] = {"device": report["device"], "answer": report.get("answer", ""), "tokens_match_export": report.get("tokens_match_export")}
-    report["quality"].update({k: report[k] for k in ("ppl_package", "ppl_package_bfp16", "answer_bfp16", "ppl_window_tokens", "numerics_note") if k in report})
+    report["quality"].update({k: report[k] for k in device.QUALITY_KEYS if k in report})
     return report
 
 
@@ -231,7 +229,7 @@ def run_and_record(job: Job) -> dict:
 
 STAGE = Stage(
     name="smoke",
-    version="2",
+    version="3",
     config=SmokeConfig,
     inputs=("fuse", "export"),
     output_profile=lambda job: None,

@@ -38,7 +38,7 @@ def measured(tmp_path_factory):
     out = cwd / "bench.json"
     env = {k: v for k, v in os.environ.items() if k not in NO_NPU}
     proc = subprocess.run([RAIPACK, "bench", str(reference_package("reference-16K")), "--export", str(reference_export()[0]), "-l", "64,32", "-g", "4",
-                           "--runs", "2", "--warmup", "1", "--format", "json", "-o", str(out)], cwd=cwd, env=env, capture_output=True, text=True)
+                           "--runs", "2", "--warmup", "1", "--numerics", "float", "--format", "json", "-o", str(out)], cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text()), cwd
 
@@ -171,7 +171,7 @@ def test_export_found_through_the_manifest_lineage(tmp_path):
 def test_without_an_export_the_package_is_measured_alone_and_oga_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "empty-cache"))
     pkg = reference_package("reference-16K")
-    plan = make_plan(pkg, [32], Runs(4, 1, 0))
+    plan = make_plan(pkg, [32], Runs(4, 1, 0), numerics=["float"])
     assert [b for b, _ in plan.backends] == ["reference"]
     assert any(n.startswith("export not found") and "measuring the package alone" in n for n in plan.notes)
     assert len(plan.prompts[32]) == 32 and plan.prompt_source[32] == "prompts.txt"
@@ -226,6 +226,24 @@ def test_bench_numerics_plans_one_reference_row_per_numerics_and_refuses_other_n
     assert [b for b, _ in plan.backends] == ["reference", "reference-bfp16"]
     with pytest.raises(UsageError, match="--numerics is 'fp8'; expected one of float, bfp16"):
         parse_numerics("float,fp8")
+
+
+def test_an_npu_package_is_benched_under_the_device_numerics_by_default(tmp_path, monkeypatch):
+    """Issue 39: without --numerics the reference backend runs a package of an NPU target as the device computes
+    (BFP16), its rows with their ratio to the export; --numerics float keeps the float graph."""
+    pytest.importorskip("quark", reason="the default bfp16 needs amd-quark (raipack's build extra)")
+    from raipack.benchmark import parse_numerics
+
+    monkeypatch.setenv("RAIPACK_CACHE", str(tmp_path / "empty-cache"))
+    assert parse_numerics(None) is None
+    plan = make_plan(reference_package("reference-4K"), [32], Runs(4, 1, 0), "reference")
+    assert [b for b, _ in plan.backends] == ["reference-bfp16"]
+    assert any("under bfp16 numerics, the device's" in n for n in plan.notes)
+    assert [b for b, _ in make_plan(reference_package("reference-4K"), [32], Runs(4, 1, 0), "reference", numerics=["float"]).backends] == ["reference"]
+    timings = {"bfp16": ([0.3] * 3, [10.0] * 3, 300.0), "float": ([0.1] * 3, [40.0] * 3, 100.0)}  # the oga job runs float
+    fake = Plan(Path("pkg"), [256], 8, 3, 0, [("reference-bfp16", Path("pkg")), ("oga", Path("x"))], prompt_source={256: "prompts.txt"})
+    doc = bench(fake, runner=fake_runner(timings, "numerics", []))
+    assert [q["of"] for q in doc["ratios"]] == ["reference-bfp16/oga"] and doc["ratios"][0]["ttft"] == 3.0
 
 
 def test_bench_bfp16_row_runs_for_real(capsys):

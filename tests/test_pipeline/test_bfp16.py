@@ -248,24 +248,30 @@ def test_smoke_records_the_package_perplexity_under_float_and_bfp16(monkeypatch)
     from raipack.runtime.heldout import heldout_ids
     from raipack.runtime.ortloop import OrtDecoder, perplexity
     from raipack.runtime.reference import ReferenceRuntime
-    from raipack.stages.smoke.stage import SmokeConfig, _perplexities, _summarize
+    from raipack.stages.smoke.device import device_run, float_perplexity
+    from raipack.stages.smoke.stage import SmokeConfig, _summarize
 
     pkg, oga = reference_package("reference-4K"), reference_export()[0]
     tok = load_tokenizer(pkg)
     rt = ReferenceRuntime(pkg)
-    report = {"device": "cpu-reference", "answer": "x", "tokens_match_export": True}
+    report = {"device": "cpu-reference", "answer": "x", "tokens_match_export": True, "numerics": "bfp16"}
 
     class Quiet:
         def task(self, *a, **k):
             return contextlib.nullcontext(lambda n=1: None)
 
-    _perplexities(report, rt, tok, chat_ids(tok, "What is the capital of France?"), SmokeConfig(numerics="bfp16", max_new_tokens=4), Quiet())
+    window = float_perplexity(report, rt, tok, Quiet())
+    device_run(report, pkg, tok, (chat_ids(tok, "What is the capital of France?"), window), SmokeConfig(max_new_tokens=4), Quiet())
     ids = heldout_ids(tok, rt.max_length - 1)
+    assert window == ids
     assert report["ppl_window_tokens"] == len(ids) == 128
     assert report["ppl_package"] == pytest.approx(perplexity(OrtDecoder(oga).logits(ids), ids), rel=1e-4)
     assert np.isfinite(report["ppl_package_bfp16"]) and report["ppl_package_bfp16"] != report["ppl_package"]
-    q = _summarize(report)["quality"]
-    assert {"ppl_package", "ppl_package_bfp16", "answer_bfp16", "numerics_note"} <= set(q)
+    assert report["numerics_changed_answer"] is (report["answer_bfp16"] != "x")
+    done = _summarize(report)
+    q = done["quality"]
+    assert {"numerics", "ppl_package", "ppl_package_bfp16", "answer_bfp16", "numerics_changed_answer", "numerics_note"} <= set(q)
+    assert done["summary"].startswith("cpu-reference (BFP16, predicted): ")  # the device's answer heads the stage's line
     assert q["numerics_note"] == "BFP16 as Quark defines it; the NPU's exact arithmetic is not published"
 
 

@@ -9,6 +9,7 @@ answers wrong scores 0.0: the gate's drop is real, not a coin toss of a random m
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -96,7 +97,7 @@ def runs(tmp_path_factory, build_parts, tasks):
     oga, pkg = build_parts
     export = evaluate(oga, Request(ALL, include_path=tasks))
     out = tmp_path_factory.mktemp("eval-out") / "eval.json"
-    res = run_cli(None, "eval", pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "-o", out)
+    res = run_cli(None, "eval", pkg, "--tasks", ",".join(ALL), "--include-path", tasks, "--numerics", "float", "-o", out)  # the float graph
     assert res.code == 0, res.out
     return export, json.loads(out.read_text()), res.out
 
@@ -220,7 +221,7 @@ def test_chain_finds_every_stage_and_prints_the_drops(tmp_path, build_parts, tas
     assert outputs["fuse"] == (build_dir / pkg.name).resolve()  # the package itself stands for its fuse stage
     assert stage_outputs(build_dir / pkg.name) == outputs  # the package leads to the same chain
     stand_in = RaipackLM(ExportBackend(oga), load_tokenizer(oga))
-    doc = run_chain(outputs, Request(["tiny_mc"], include_path=tasks), lms={"quantize": stand_in})
+    doc = run_chain(outputs, Request(["tiny_mc"], include_path=tasks, numerics="float"), lms={"quantize": stand_in})  # the BFP16 link: the gate tests'
     chain = doc["raipack"]["chain"]
     assert [r["stage"] for r in chain] == ["source", "quantize", "export", "fuse"]
     assert [r["kind"] for r in chain] == ["source", "quark", "export", "package"]
@@ -302,7 +303,8 @@ def test_gate_passes_and_the_package_carries_its_results(gated_env, tasks):
     report = json.loads((result.package / "report.json").read_text())
     evaluation = json.loads((result.package / "eval.json").read_text())
     assert report["eval"] == evaluation and evaluation["raipack"]["gate"] == {"max_drop": 0.0, "passed": True}
-    assert [r["stage"] for r in evaluation["raipack"]["chain"]] == ["source", "quantize", "export", "fuse"]
+    bfp16 = ["fuse (bfp16)"] if importlib.util.find_spec("quark") else []  # issue 39: the NPU package's device numerics by default, gated too
+    assert [r["stage"] for r in evaluation["raipack"]["chain"]] == ["source", "quantize", "export", "fuse", *bfp16]
     assert "eval.json" in {f["path"] for f in json.loads((result.package / "manifest.json").read_text())["files"]}
 
 
@@ -319,11 +321,13 @@ def test_a_recipe_naming_an_unknown_task_is_refused_before_any_stage_runs(gated_
 # ------------------------------------------------------------------ --numerics bfp16 (issue 26)
 
 
-def test_eval_bfp16_reports_the_float_and_bfp16_rows_side_by_side(runs, build_parts, tasks, tmp_path):
+def test_eval_of_an_npu_package_reports_the_float_and_bfp16_rows_side_by_side_by_default(runs, build_parts, tasks, tmp_path):
+    """Issue 39: without --numerics, a package of an NPU target is scored as the device computes (BFP16),
+    beside the float graph (the drop's reference); issue 26's --numerics bfp16 gives the same rows."""
     pytest.importorskip("quark", reason="--numerics bfp16 needs amd-quark (raipack's build extra)")
     _, package_float, _ = runs
     out = tmp_path / "eval.json"
-    res = run_cli(None, "eval", build_parts[1], "--tasks", "tiny_mc,tiny_roll", "--include-path", tasks, "--numerics", "bfp16", "-o", out)
+    res = run_cli(None, "eval", build_parts[1], "--tasks", "tiny_mc,tiny_roll", "--include-path", tasks, "-o", out)
     assert res.code == 0, res.err
     doc = json.loads(out.read_text())
     rows = doc["raipack"]["rows"]

@@ -149,8 +149,11 @@ def test_report_opens_in_a_real_browser(built, tmp_path):
     assert [[c.text for c in r.findall("td")][-1] for r in doc.findall(".//table[@id='eval-table']/tbody/tr")] == ["0.0000", "0.1000"]  # drop vs source
     quality = [[c.text for c in r.findall("td")] for r in doc.findall(".//table[@id='quality-table']/tbody/tr")]
     assert len(quality) == 6
-    assert quality[-2][1:4] == ["package (cpu-reference, float)", "35.5300", "tokens equal the export's"]
-    assert quality[-1][1:] == ["package (cpu-reference, BFP16 activations)", "36.2400", "+2.00% vs float", "Paris."]  # the chain's last link
+    assert quality[-2][1:5] == ["package (cpu-reference, float)", "35.5300", "tokens equal the export's", "+0.00 (+0.00%)"]
+    assert quality[-1][1:] == ["package (cpu-reference, BFP16 activations, predicted on the device)", "36.2400", "+2.00% vs float", "+0.71 (+2.00%)",
+                               "Paris."]  # the chain's last link, its drop from the float package
+    notice = "".join(doc.find(".//p[@id='bfp16-answer-notice']").itertext())  # the first screen: BFP16 changed "Paris" to "Paris."
+    assert "BFP16 changes the answer" in notice and "“Paris.”" in notice
     assert "BFP16 as Quark defines it; the NPU's exact arithmetic is not published" in doc.find(".//p[@id='numerics-note']").text
     groups = {h.text: h for h in doc.findall(".//section[@id='findings']/h3")}
     assert "helper.py" in groups and "hint:" in "".join(doc.find(".//section[@id='findings']").itertext())

@@ -38,7 +38,7 @@ def gemma(tmp_path_factory):
     out = {}
     for profile in PROFILES:
         recipe = load(None, {"model": str(model), "name": "gemma-3-4b-it", "profile": profile, "output": str(root / "build"),
-                             "quantize.algorithm": "rtn", "smoke.max_tier": SMOKE_MAX_TIER})
+                             "quantize.algorithm": "rtn", "smoke.max_tier": SMOKE_MAX_TIER, "smoke.numerics": "float"})  # BFP16 is not under test here
         out[profile] = build(recipe, cache_root=root / "cache")
     return out
 

@@ -1,0 +1,78 @@
+"""The smoke stage's prediction of what the device computes: the package under the NPU's numerics.
+
+Which numerics: the recipe's `[smoke] numerics`, else the target's (pipeline/data/numerics.json
+"by_target": BFP16 activations for NPU and hybrid packages and raipack's reference packages of them;
+float for the others). Without amd-quark (whose BFPQuantizeDequantize kernel the emulation runs) the
+default falls back to float and the report says so (`numerics_skipped`); a recipe that asks for bfp16
+gets the runtime's own refusal. BFP16 as Quark defines it; the NPU's exact arithmetic is not published
+(pipeline/runtime/numerics.py HONEST, shown with every BFP16 figure).
+
+The float runtime is freed before the BFP16 one loads (one model's weights at a time, as for the
+export's check), so the stage's peak memory is the larger of the two runs, not their sum.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from raipack.data import load_data
+
+# what the stage's "quality" block carries to report.json, the report page and the model card
+QUALITY_KEYS = ("numerics", "numerics_skipped", "ppl_package", "ppl_package_bfp16", "answer_bfp16", "numerics_changed_answer",
+                "ppl_window_tokens", "numerics_note")
+
+
+def target_numerics(target) -> str:
+    """The numerics of the device a profile target (a raipack.npu.target.Target or its value) computes with."""
+    value = getattr(target, "value", target)
+    return load_data("numerics.json")["by_target"].get(str(value), "float")
+
+
+def numerics_of(cfg, profile, report: dict) -> str:
+    """The numerics the stage predicts the device's answer under, recorded in `report["numerics"]`."""
+    if cfg.numerics is not None:  # the recipe's choice
+        report["numerics"] = cfg.numerics
+        return cfg.numerics
+    mode = target_numerics(getattr(profile, "target", None))
+    if mode != "float" and importlib.util.find_spec("quark") is None:
+        report["numerics_skipped"] = f"{mode} not run: amd-quark (raipack's build extra) is not installed; the package ran in float only"
+        mode = "float"
+    report["numerics"] = mode
+    return mode
+
+
+def float_perplexity(report: dict, runtime, tok, progress) -> list[int]:
+    """The package's held-out perplexity in float (the export's window); the window's ids, [] when too short."""
+    from raipack.runtime.heldout import heldout_ids, package_perplexity  # the stage's modules load with the runner: heavy imports wait
+
+    ids = heldout_ids(tok, runtime.max_length - 1)
+    if len(ids) < 2:
+        return []
+    report["ppl_window_tokens"] = len(ids)
+    with progress.task("held-out perplexity (float)", 1) as advance:
+        report["ppl_package"] = round(package_perplexity(runtime, ids), 4)
+        advance()
+    return ids
+
+
+def device_run(report: dict, pkg: Path, tok, prompts: tuple[list[int], list[int]], cfg, progress) -> None:
+    """The package under `report["numerics"]`: its greedy answer to the fixed prompt (and whether it differs from
+    the float one), and its held-out perplexity when `prompts` (the fixed prompt, the window) has a window."""
+    numerics = report["numerics"]
+    fixed, ids = prompts
+    from raipack.runtime.heldout import package_perplexity  # heavy imports wait for the run (see above)
+    from raipack.runtime.numerics import HONEST
+    from raipack.runtime.reference import ReferenceRuntime
+
+    runtime = ReferenceRuntime(pkg, threads=cfg.threads, numerics=numerics)
+    with progress.task(f"{numerics.upper()} numerics (predicted on the device)", 1 + bool(ids)) as advance:
+        got = runtime.generate(fixed, cfg.max_new_tokens, stop_at_eos=True)
+        answer = tok.decode([t for t in got if t not in runtime.eos_token_ids], skip_special_tokens=True).strip()
+        report[f"answer_{numerics}"] = answer
+        report["numerics_changed_answer"] = answer != report.get("answer", "")
+        advance()
+        if ids:
+            report[f"ppl_package_{numerics}"] = round(package_perplexity(runtime, ids), 4)
+            advance()
+    report["numerics_note"] = HONEST

@@ -24,17 +24,21 @@ from raipack.builder.config import EvalConfig, config_dict, parse_config
 from raipack.builder.context import BuildContext
 from raipack.builder.crash import stage_crashed
 from raipack.builder.inputs import check_model_dir
+from raipack.builder.model_card import append_build_numbers
 from raipack.builder.naming import package_name
 from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
 from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError, UsageError
-from raipack.core.memory import peak_rss_bytes, reset_peak_rss
+from raipack.core.memory import available, gib, peak_rss_bytes, reset_peak_rss
 from raipack.core.output import atomic_write_text, copy_tree
 from raipack.core.stage import Job
+from raipack.evaluation.chain import gate as run_gate
+from raipack.evaluation.chain import preflight
+from raipack.evaluation.run import Request
 from raipack.npu import profile as profiles
 from raipack.npu.spec import Profile
-from raipack.report.chain import document as quality_chain
+from raipack.validate import validate
 
 
 class StageFailed(RaipackError):
@@ -77,7 +81,6 @@ class BuildResult:
             "findings": [f.to_dict() for f in self.findings],
             "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
             **({"eval": self.evaluation} if self.evaluation else {}),
-            **({"quality_chain": chain} if (chain := quality_chain([{"name": s.name, "report": s.report} for s in self.stages])) else {}),
         }
 
 
@@ -204,9 +207,6 @@ def _gate_request(recipe: Recipe):
     cfg = parse_config(EvalConfig, recipe.eval, "[eval]")
     if not cfg.tasks:
         return None
-    from raipack.evaluation.chain import preflight
-    from raipack.evaluation.run import Request
-
     base = Path(recipe.path).resolve().parent if recipe.path else Path.cwd()
     req = Request(cfg.tasks, cfg.limit, cfg.num_fewshot, base / cfg.include_path if cfg.include_path else None, cfg.numerics)
     preflight(req)
@@ -214,8 +214,6 @@ def _gate_request(recipe: Recipe):
 
 
 def _run_gate(gate, outputs: dict, keep: Path, progress) -> dict:
-    from raipack.evaluation.chain import gate as run_gate
-
     return run_gate(gate[0], gate[1], outputs, keep, progress)
 
 
@@ -236,8 +234,6 @@ def stored_report(path: Path) -> dict:
 def memory_check(st, cfg, folders: list[Path], profile: Profile, ignore: bool = False) -> dict:
     """The stage's memory estimate (the registry's) against the free memory, before anything is staged: a refusal
     in one sentence with the numbers, unless `ignore`. Returns the report's `memory` record."""
-    from raipack.core.memory import available, gib
-
     est = stages.memory(st.name, cfg, folders, profile)
     avail, source = available(est.device)
     record = {"estimate_bytes": est.bytes, "basis": est.basis, **est.details, "available_bytes": avail, "available_source": source}
@@ -343,8 +339,6 @@ def _check_output(st, job, folder: Path, doc: dict) -> None:
 def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
     """Validate a staged folder as it will be once committed, its manifest
     included in memory only: a killed run never leaves a manifest behind."""
-    from raipack.validate import validate
-
     return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
 
 
@@ -378,8 +372,6 @@ def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evalu
         atomic_write_text(work / "report.json", json.dumps(draft.report(), indent=2) + "\n")
         if evaluation:
             atomic_write_text(work / "eval.json", json.dumps(evaluation, indent=2) + "\n")
-        from raipack.builder.model_card import append_build_numbers
-
         append_build_numbers(work / "README.md", draft.report(),  # the source model: base_model and license of the card
                              source=Path(recipe.model) if recipe.model else next((Path(r.path) for r in results if r.name == stages.of_kind(stages.MODEL_KIND)), None))
         lfs.write(work)  # the Hub's LFS rules, for the files as they are now (the manifest lists it)
@@ -390,7 +382,7 @@ def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evalu
         errors = [f for f in result.findings if f.severity == "error"]
         if errors:
             raise StageFailed(f"the assembled package fails validation: {errors[0].path}: {errors[0].message}", errors[0].hint)
-        from raipack.report.page import write_build_page  # report.html: after validation (its findings), listed in the manifest
+        from raipack.report.page import write_build_page  # late: tests stub it there (test_batch.py)
 
         page = write_build_page(work, json.loads((work / "report.json").read_text()), result.findings, result.profile, ctx.warn)
         doc["files"] = sorted(doc["files"] + ([page] if page else []), key=lambda f: Path(f["path"]).parts)

@@ -1,8 +1,7 @@
 """The accuracy chain: the same tasks on every stage a build produced, the drop stage by stage, and
 the build gate (a recipe's `[eval]` table: a drop over `max_drop` fails the build). With
-`numerics = "bfp16"` — the default for a package of an NPU or hybrid target (targets.device_numerics) — the
-package is scored a second time under BFP16 activations, a row of its own (`fuse (bfp16)`) that the gate holds
-to `max_drop` like every other.
+`numerics = "bfp16"` the package is scored a second time under BFP16 activations, a row of its own
+(`fuse (bfp16)`) that the gate holds to `max_drop` like every other.
 
 Stage outputs are found through `<package>.stages/<stage>` links beside the package, then through
 the lineage every raipack manifest records (each stage's inputs and their paths), so a package
@@ -14,13 +13,15 @@ metric lm-eval says is higher-is-better (acc), `value - source` for the others (
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
+from raipack.core.output import atomic_write_text
 from raipack.data import load_data
 from raipack.evaluation.run import Request, drops, session
-from raipack.evaluation.targets import detect_target, device_numerics
+from raipack.evaluation.targets import detect_target
 
 
 class GateFailed(RaipackError):
@@ -91,10 +92,9 @@ def run_chain(outputs: dict[str, Path], req: Request, lms: dict | None = None) -
             target = detect_target(path)
             res = s.run(target, lm=(lms or {}).get(stage))
             rows.append({"stage": stage, "kind": target.kind, "target": str(path), "ran_on": res["raipack"]["ran_on"], "results": res})
-            numerics = (req.numerics or device_numerics(path)[0]) if target.kind == "package" else "float"  # unset: the device's
-            if numerics != "float":  # the same package under the NPU's numerics: the chain's last link
-                label = f"{stage} ({numerics})"
-                res = s.run(target, lm=(lms or {}).get(label), numerics=numerics)
+            if target.kind == "package" and req.numerics != "float":  # the same package under the NPU's numerics: the chain's last link
+                label = f"{stage} ({req.numerics})"
+                res = s.run(target, lm=(lms or {}).get(label), numerics=req.numerics)
                 rows.append({"stage": label, "kind": target.kind, "target": str(path), "ran_on": res["raipack"]["ran_on"], "results": res})
     rows = drops(rows)
     first = rows[0]["results"]
@@ -137,10 +137,6 @@ def preflight(req: Request) -> None:
 def gate(req: Request, max_drop: float, outputs: dict[str, Path], keep: Path, progress=None) -> dict:
     """The build gate: the chain over this build's stage outputs; GateFailed over max_drop (the
     results then kept as `keep`/eval.json), else the chain's document with the gate's verdict."""
-    import json
-
-    from raipack.core.output import atomic_write_text
-
     doc = run_chain(in_order(outputs), req)
     problem = gate_problem(doc, max_drop)
     doc["raipack"]["gate"] = {"max_drop": max_drop, "passed": not problem}

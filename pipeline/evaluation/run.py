@@ -1,20 +1,20 @@
 """`raipack eval TARGET`: lm-eval's simple_evaluate on one target; its results dict plus a "raipack" key.
 
 With `numerics="bfp16"` a package is scored twice, float and BFP16 (pipeline/runtime/numerics.py),
-and the "raipack" key holds both rows side by side with the drop from float to BFP16. Unset (None), a package
-is scored under its device's numerics (evaluation/targets.py device_numerics: bfp16 for NPU and hybrid
-packages, so both rows), every other target in float."""
+and the "raipack" key holds both rows side by side with the drop from float to BFP16."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.evaluation import loadcheck
 from raipack.evaluation import tasks as local_tasks
-from raipack.evaluation.targets import Target, detect_target, device_numerics
+from raipack.evaluation.targets import Target, detect_target
+from raipack.runtime.numerics import HONEST, ready
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's stderr of non-mean metrics (perplexities); its default 100000 takes seconds a task
 
@@ -25,7 +25,7 @@ class Request:
     limit: int | None = None
     num_fewshot: int | None = None
     include_path: Path | None = None
-    numerics: str | None = None  # "bfp16": packages are scored under float and under BFP16; None: the device's (bfp16 for NPU packages)
+    numerics: str = "float"  # "bfp16": packages are scored under float and under BFP16
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -42,18 +42,14 @@ def check_output(path: Path | None) -> None:
 
 
 def require_lm_eval() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("lm_eval") is None:
         raise UsageError("lm-eval is not installed", "install raipack's eval extra (lm-eval 0.4.13 or a later 0.4)")
 
 
 def check_request(req: Request) -> Request:
     """Absolute paths (lm-eval runs in its own folder) and the task folder checked, before any model loads."""
-    from raipack.runtime.numerics import ready
-
     require_lm_eval()
-    ready([req.numerics] if req.numerics else [])
+    ready([req.numerics])
     include = Path(req.include_path).resolve() if req.include_path else None
     if include is not None:
         local_tasks.check_folder(include)
@@ -72,7 +68,7 @@ class Session:
         self.manager = local_tasks.task_manager(req.tasks, include_copy)
 
     def run(self, target: Target, lm=None, numerics: str = "float") -> dict:
-        from jinja2.exceptions import SecurityError
+        from jinja2.exceptions import SecurityError  # late, with the imports below: lm-eval, torch and onnxruntime load when a run starts (1.3 s)
         from lm_eval import simple_evaluate
 
         from raipack.evaluation.backends import open_backend
@@ -113,13 +109,6 @@ def session(req: Request):
 def evaluate(path: Path, req: Request) -> dict:
     """lm-eval's results for the target at `path` (its kind detected)."""
     target = detect_target(Path(path).resolve())
-    if req.numerics is None:  # the device's numerics: a package of an NPU target is scored as the NPU computes
-        numerics, why = device_numerics(target.path) if target.kind == "package" else ("float", "")
-        req = Request(req.tasks, req.limit, req.num_fewshot, req.include_path, numerics)
-        doc = evaluate(target.path, req)
-        if why:
-            doc["raipack"]["numerics_skipped"] = why
-        return doc
     if req.numerics != "float" and target.kind != "package":
         article = "an" if target.kind[0] in "aeiou" else "a"
         raise UsageError(f"--numerics {req.numerics} applies to packages, and {target.path} is {article} {target.kind} folder",
@@ -162,8 +151,6 @@ def drops(rows: list[dict]) -> list[dict]:
 def side_by_side(docs: list[dict]) -> dict:
     """One package's float and BFP16 results: the float run in lm-eval's format, and under "raipack"
     a row per numerics with the drop from float (worse is positive)."""
-    from raipack.runtime.numerics import HONEST
-
     rows = drops([{"results": d} for d in docs])
     doc = dict(docs[0])
     doc["raipack"] = dict(docs[0]["raipack"], numerics=[d["raipack"]["numerics"] for d in docs], note=HONEST,

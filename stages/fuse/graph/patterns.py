@@ -9,6 +9,9 @@ the expected one and says why.
 
 from __future__ import annotations
 
+import importlib
+
+from raipack.npu import families
 from raipack.stages.fuse.graph.model import Graph, attr
 
 Group = tuple[str, list, list]
@@ -30,10 +33,6 @@ def family_matchers() -> tuple:
     `fn(g, gqa)` returning (groups, why) for a layer of its family and None for any other layer.
     Which modules: `fuse_matcher` of the families table (pipeline/data/architectures.json). Imported
     here rather than at the top so a family module may import this module's group helpers."""
-    import importlib
-
-    from raipack.npu import families
-
     return tuple(importlib.import_module(f"raipack.stages.fuse.graph.{name}").match_layer for name in families.fuse_matchers())
 
 

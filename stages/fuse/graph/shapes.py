@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper, numpy_helper
 
+from raipack.npu.formats import ONNX_DTYPE
 from raipack.stages.fuse.graph.model import DOMAIN
 
 
@@ -15,8 +16,6 @@ class ShapeError(ValueError):
 
 
 def dtype_name(code: int) -> str:
-    from raipack.npu.formats import ONNX_DTYPE
-
     if code not in ONNX_DTYPE:
         raise ShapeError(f"unsupported tensor data type {code}")
     return ONNX_DTYPE[code]

@@ -30,7 +30,7 @@ from raipack.core.manifest import NAME as MANIFEST
 from raipack.core.manifest import put as put_manifest
 from raipack.core.output import atomic_write_bytes
 from raipack.core.package import JSON_MAX_BYTES, JsonError, Package, ReadError, parse_json, role_of
-from raipack.npu import profile as profiles
+from raipack.npu import detect as detection
 from raipack.npu.settings import pow2_ceil, pow2_floor, sdk_version
 from raipack.validate import open_package
 
@@ -158,7 +158,7 @@ def _prompt_length(ctx, L: dict, version: tuple[str, str], max_prompt: int | Non
 
 def _note_profile_change(p: Plan, after, reason: str) -> None:
     """With `--profile auto`, a note when the edited package would be detected as another profile."""
-    found = profiles.detect(after)
+    found = detection.detect(after)
     now = found.profile.id if found else "oga-export"
     if now != p.profile:
         p.reason = f"detected before the edit: {reason}"

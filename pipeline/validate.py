@@ -15,6 +15,7 @@ from raipack.core.package import Package, role_of
 from raipack.core.selection import Selection
 from raipack.data import load_data
 from raipack.modelpackage import check as model_package
+from raipack.npu import detect as detection
 from raipack.npu import kinds
 from raipack.npu import profile as profiles
 from raipack.places import guard, hfcache
@@ -49,7 +50,7 @@ def open_scanned(pkg: Package, profile: str = "auto", verify_hashes: bool = Fals
     if profile == "auto" and (other := kinds.not_genai(pkg)) is not None:
         raise NothingToValidate(f"{places.where(pkg)} {other[0]}", other[1])
     if profile == "auto":
-        found = profiles.detect(pkg)
+        found = detection.detect(pkg)
         if found is None:
             prof, reason = profiles.get("oga-export"), "no profile matched; checked as a generic ONNX Runtime GenAI folder"
         else:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from raipack.core.package import Package
-from raipack.npu.profile import detect
+from raipack.npu.detect import detect
 from raipack.validate import validate
 from real_corpus import REAL, packages, provenance, rebuild
 

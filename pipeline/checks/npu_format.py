@@ -21,6 +21,7 @@ from typing import NamedTuple
 from raipack.checks.base import check
 from raipack.core.package import JSON_MAX_BYTES, ReadError
 from raipack.npu.constraints import NpuConstraints, placed_as_header_says, stored_in
+from raipack.npu.detect import built_by_raipack
 from raipack.npu.layout import TIERED, metastate_sets, weights_sibling
 from raipack.npu.settings import expected_tiers, pow2_ceil, pow2_floor, tierless
 from raipack.npu.target import Target
@@ -43,7 +44,6 @@ def _header_rel(ctx) -> str:
 
 def _raipack_claim(ctx) -> str | None:
     """Why this package must have a raipack header (None when nothing says raipack built it)."""
-    from raipack.npu.profile import built_by_raipack
 
     found = built_by_raipack(ctx.pkg)
     if found is not None:

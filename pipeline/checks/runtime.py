@@ -14,6 +14,7 @@ from raipack.checks.base import check
 from raipack.core.package import ReadError
 from raipack.data import load_data
 from raipack.npu import amd_header
+from raipack.npu.detect import built_by_raipack
 from raipack.npu.layout import PREFIX, is_inside, metastate_sets, weights_sibling
 from raipack.npu.opened import cache_dir
 from raipack.npu.target import Target
@@ -74,7 +75,6 @@ def runtime_files(ctx):
 
 def _raipack_layout(ctx) -> bool:
     """A package raipack built (its manifest says so) or checked as a reference profile: not AMD's layout."""
-    from raipack.npu.profile import built_by_raipack
 
     return ctx.profile.target is Target.REFERENCE or built_by_raipack(ctx.pkg) is not None
 

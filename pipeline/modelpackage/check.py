@@ -17,6 +17,7 @@ from raipack.core.package import Package
 from raipack.core.selection import Selection
 from raipack.modelpackage import layout, resolve
 from raipack.npu import profile as profiles
+from raipack.npu.detect import condition_holds
 
 # How one flat package folder is validated: raipack.validate.validate, handed in by the caller (the
 # validate layer sits above this module, so importing it here would make a circle).
@@ -32,7 +33,7 @@ def is_model_package(path: Path) -> bool:
     if not path.is_dir() or not layout.looks_like_package(path):
         return False
     pkg = Package.scan(path)
-    return all(profiles.condition_holds(pkg, c) for c in profiles.get(PROFILE).detect.content)
+    return all(condition_holds(pkg, c) for c in profiles.get(PROFILE).detect.content)
 
 
 class _Findings:

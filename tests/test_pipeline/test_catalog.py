@@ -13,6 +13,7 @@ from helpers import run_cli
 from raipack.core.package import Package
 from raipack.data import load_data
 from raipack.npu import catalog
+from raipack.npu import detect as detection
 from raipack.npu import profile as profiles
 from raipack.validate import validate
 
@@ -75,7 +76,7 @@ def test_a_release_newer_than_the_catalog_is_named_and_never_another(tmp_path):
 
 def test_a_newer_release_with_a_variant_suffix_takes_that_variant(tmp_path):
     pkg = make_package(tmp_path, "1.8.0-npu-4K", name="Llama_rai_2.0.0_npu_4K")
-    found = profiles.detect(Package.scan(pkg))
+    found = detection.detect(Package.scan(pkg))
     assert found.profile.id == "1.8.0-npu-4K" and found.unknown_release == "2.0.0"
     assert "the newest known release of variant npu-4K" in found.reason
 

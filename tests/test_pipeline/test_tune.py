@@ -41,8 +41,9 @@ def test_tune_16k_rewrites_only_genai_config(make_pkg, capsys):
     pkg = make_pkg(P16)
 
     def add_unknown(doc):
-        doc["x_vendor"] = {"nested": [1, 2.5, None, "é"], "flag": False}
-        doc["search"]["x_search_note"] = "keep me"
+        doc["x_vendor"] = "keep me"  # unknown scalars at the top, which onnxruntime-genai ignores (an unknown key in search it refuses: RP204)
+        doc["x_vendor_flag"] = False
+        doc["x_vendor_ratio"] = 2.5
         ryzen(doc)["hybrid_opt_free_after_prefill"] = "1"
     edit_json(pkg / GENAI, add_unknown)
     before = snapshot(pkg)

@@ -269,11 +269,10 @@ def _container(doc: dict, pointer: str) -> dict:
 
 
 def dump_like(doc: dict, original: str) -> str:
-    """JSON text of `doc` with the original's indent, ASCII-ness and final newline."""
+    """JSON text of `doc` with the original's indent and final newline, its characters written as themselves."""
     m = re.search(r"\n([ \t]+)\S", original)
     indent = None if m is None else ("\t" if m[1].startswith("\t") else len(m[1]))
-    ascii_only = original.isascii()
-    text = json.dumps(doc, indent=indent, ensure_ascii=ascii_only)
+    text = json.dumps(doc, indent=indent, ensure_ascii=False)  # onnxruntime-genai refuses every \\uXXXX escape (RP204)
     return text + "\n" if original.endswith("\n") else text
 
 

@@ -179,7 +179,7 @@ def fit_token_ids(out: Path) -> dict:
         changed["pad_token_id"] = [model["pad_token_id"], first_eos]
         model["pad_token_id"] = first_eos
     if changed:
-        path.write_text(json.dumps(genai, indent=4) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(genai, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")  # no \\uXXXX (RP204)
     return changed
 
 

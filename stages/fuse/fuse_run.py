@@ -15,7 +15,7 @@ NODE = "decoder"  # the <node> of the dd_metastate file names: one plan covers t
 
 
 def write_json(path: Path, doc) -> int:
-    data = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
+    data = (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")  # no \\uXXXX: onnxruntime-genai refuses them
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return len(data)

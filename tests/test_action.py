@@ -104,7 +104,7 @@ def workflow_commands(log: str) -> list[str]:
     return seen
 
 
-def run_action(workspace: Path, work: Path, installed: dict | None = None, **inputs) -> dict:
+def run_action(workspace: Path, work: Path, installed: dict | None = None, env: dict | None = None, **inputs) -> dict:
     """Run action.yml's steps; step id -> its outputs, plus the `uses:` steps' resolved `with:` under their names.
     `installed`: the outputs of an earlier run's install step, whose raipack this run reuses instead of
     building it again (each build costs about 15 s)."""
@@ -123,7 +123,7 @@ def run_action(workspace: Path, work: Path, installed: dict | None = None, **inp
     if not (work / "bin" / "python3").exists():
         os.symlink(getattr(sys, "_base_executable", sys.executable), work / "bin" / "python3")  # as setup-python would give: this one
     env_base = {"PATH": f"{work / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(work), "GITHUB_ACTION_PATH": str(action_dir), "GITHUB_WORKSPACE": str(workspace),
-                "RUNNER_TEMP": str(work / "runner-temp"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "NO_COLOR": "1"}
+                "RUNNER_TEMP": str(work / "runner-temp"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "NO_COLOR": "1", **(env or {})}
     (work / "runner-temp").mkdir(parents=True, exist_ok=True)
     if not installed:
         _offline_venv(work / "runner-temp" / "raipack-venv")
@@ -301,3 +301,30 @@ def test_an_odd_strictness_is_escaped_in_the_error_it_prints(workspace, installe
     assert out["validate"]["_rc"] == 2
     commands = workflow_commands(out["validate"]["_log"])
     assert commands == ["::error title=raipack::strictness is 'x%250A::warning::y%0A::error::z'; expected errors, warnings or advice"]
+
+
+def test_a_hub_repository_in_paths_is_validated_by_name_with_the_hubs_exit_codes(workspace, installed, tmp_path, make_pkg):
+    """Issue 38: hf://org/name in `paths`, read from a Hub stand-in on 127.0.0.1 (tests/hub_server.py); the
+    token input reaches raipack as HF_TOKEN, and a repository the Hub does not have is exit 4."""
+    from hub_server import FakeHub, served_repo
+
+    work, install = installed
+    pkg = make_pkg("1.8.0-npu-16K")
+    with FakeHub() as hub:
+        hub.repos[f"amd/{pkg.name}"] = served_repo(pkg)
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        out = run_action(workspace, work, install, env=env, paths=f"hf://amd/{pkg.name}", **{"upload-sarif": "false", "hf-token": "hf_test"})
+        assert out["validate"]["exit-code"] == "0", out["validate"]["_log"]
+        assert f"amd/{pkg.name}" in out["validate"]["_log"]
+        missing = run_action(workspace, work, install, env=env, paths="hf://amd/nothing-here", **{"upload-sarif": "false"})
+    assert missing["validate"]["exit-code"] == "4", missing["validate"]["_log"]
+    assert missing["Fail on raipack's exit code"]["_rc"] == 4
+
+
+def test_the_install_step_adds_the_hub_extra_only_for_hub_paths():
+    step = next(s for s in yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"] if s.get("id") == "install")
+    script = step["run"].split("target=", 1)[1]
+    for paths, extra in (("models", False), ("models\nhf://amd/x", True), ("hf://amd/x@main", True), ("dir/hf://x", False)):
+        done = subprocess.run(["bash", "-c", "GITHUB_ACTION_PATH=/a; target=" + script.split("\n")[0] + "\n" + script.split("\n")[1] + '\necho "$target"'],
+                              env={"RAIPACK_PATHS": paths.replace("\\n", "\n"), "PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == ("/a[hub]" if extra else "/a"), (paths, done.stdout)

@@ -227,3 +227,26 @@ def test_the_generated_grammars_are_the_ones_shipped():
     for rel in catalog.releases():
         if rel.get("onnxruntime_genai") and catalog.version_key(rel["release"]) >= catalog.version_key("1.6.0"):
             assert rel["onnxruntime_genai"] in loader_config.versions(), rel["release"]
+
+
+COMMANDS = {  # issue 37's low items: each raised a traceback at b938a75 on one of these configs
+    "inspect": lambda pkg, tmp: ["inspect", str(pkg)],
+    "publish": lambda pkg, tmp: ["publish", "--dry-run", str(pkg), "--repo", "me/x"],
+    "doctor": lambda pkg, tmp: ["doctor", str(pkg)],
+    "report": lambda pkg, tmp: ["report", str(pkg), "-o", str(tmp / "r.html")],
+    "lemonade": lambda pkg, tmp: ["lemonade", "register", str(pkg), "--config-dir", str(tmp / "cfg")],
+}
+
+
+@pytest.mark.parametrize("doc", ['{"model": "x"}', '{"model": null}', "null"], ids=["model-x", "model-null", "null"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_reads_a_shapeless_genai_config_without_a_traceback(make_pkg, tmp_path, capsys, command, doc):
+    pkg = make_pkg(P16)
+    (pkg / GENAI).write_text(doc)
+    with pytest.raises(SystemExit) as info:
+        main(COMMANDS[command](pkg, tmp_path))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert info.value.code in (0, 1, 2, 3), out + err
+    if info.value.code not in (0,):
+        assert (out + err).strip(), "a failing command says why"

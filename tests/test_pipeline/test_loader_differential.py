@@ -84,8 +84,9 @@ def test_no_config_the_loader_refuses_passes_raipack(version, cases):
 
 
 def test_validate_never_crashes_on_a_mutated_config(cases):
+    """Every case through `raipack validate` in-process: a traceback fails the test, naming its case."""
     slow = []
-    for folder in list(cases)[:: max(1, len(cases) // 400)]:
+    for folder in cases:
         start = time.perf_counter()
         result = validate(Path(folder))  # a traceback fails the test with its case
         seconds = time.perf_counter() - start

@@ -150,6 +150,8 @@ def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str
     gen = runs.gen
     from raipack.runtime.numerics import ready
 
+    if numerics is not None:  # asked for: checked before the package is looked at
+        numerics = ready(numerics)
     package = Path(package)
     if not package.is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")

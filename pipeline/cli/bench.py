@@ -45,7 +45,8 @@ def bench_cmd(package, lengths, fmt, output, **measure):
     from raipack.core.output import atomic_write_text
 
     asked = parse_lengths(lengths) if lengths is not None else None
-    numerics_names(measure["numerics"])
+    if measure["numerics"] is not None:  # not given: the device's numerics (raipack.benchmark.make_plan)
+        numerics_names(measure["numerics"])
     runs = Runs(measure["gen_tokens"], measure["runs"], measure["warmup"])
     plan = make_plan(package, asked, runs, measure["backend"], measure["export"], parse_numerics(measure["numerics"]))
     for backend_name, folder in plan.backends:
@@ -66,5 +67,5 @@ def numerics_names(text: str) -> list[str]:
     names = [t.strip() for t in str(text).split(",")]
     if not all(names):
         raise UsageError(f"--numerics is {text!r}, which has an empty name; expected float, bfp16 or float,bfp16",
-                         "give one or more of float and bfp16, comma-separated, or leave --numerics out for float")
+                         "give one or more of float and bfp16, comma-separated, or leave --numerics out for the device's (bfp16 for an NPU package)")
     return names

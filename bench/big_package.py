@@ -50,7 +50,7 @@ def build(tmp: Path) -> tuple[Path, dict]:
     finally:
         shutil.rmtree(export, ignore_errors=True)
     t = time.perf_counter()
-    doc = manifest.describe(pkg, "package", extra={"target_profile": profile["extends"]})
+    doc = manifest.describe(pkg, "package", extra={"target_profile": profile.extends})
     manifest.put(pkg, doc)
     report["manifest_seconds"] = round(time.perf_counter() - t, 2)
     return pkg, report

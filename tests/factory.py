@@ -224,7 +224,7 @@ def tokenizer_json(n: int) -> dict:
         vocab[f"t{i}"] = i
     return {"version": "1.0", "added_tokens": [{"id": i, "content": t, "special": True, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False} for i, t in enumerate(specials)],
             "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-            "post_processor": None, "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "vocab": vocab, "merges": []}}
+            "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}, "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "vocab": vocab, "merges": []}}
 
 
 @lru_cache(maxsize=8)

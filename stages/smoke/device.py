@@ -76,3 +76,13 @@ def device_run(report: dict, pkg: Path, tok, prompts: tuple[list[int], list[int]
             report[f"ppl_package_{numerics}"] = round(package_perplexity(runtime, ids), 4)
             advance()
     report["numerics_note"] = HONEST
+
+
+def expected_missing(report: dict, expected: str | None) -> str | None:
+    """One line when the answer predicted under the device's numerics lacks the recipe's expected answer, else None.
+    Not a failure of the stage: the float answer is what the stage checks (BFP16 is Quark's definition, not a
+    measurement of the NPU); the line and the report's notice say it."""
+    answer = report.get(f"answer_{report.get('numerics')}")
+    if not expected or answer is None or expected.lower() in str(answer).lower():
+        return None
+    return f"the answer predicted under {str(report['numerics']).upper()} {str(answer)[:80]!r} does not contain {expected!r} (the float answer does)"

@@ -121,6 +121,9 @@ def run(job: Job) -> dict:
         started = time.perf_counter()
         device.device_run(report, pkg_dir, tok, (fixed, ids), cfg, job.progress)
         seconds["numerics"] = time.perf_counter() - started
+        lacks = device.expected_missing(report, job.recipe.expected_answer)
+        if lacks:  # a prediction, not a failure: the float answer is the check; the report's first screen shows both
+            job.progress.line(f"  {lacks}", "yellow")
         gc.collect()
     started = time.perf_counter()
     _check_against_export(report, export, runs, cfg.threads)
@@ -205,9 +208,6 @@ def _problems(r: dict, expected: str | None) -> list[str]:
         out.append("a prompt longer than max_prompt_length was not refused")
     if expected and expected.lower() not in r.get("answer", "").lower():
         out.append(f"the answer {r.get('answer', '')!r} does not contain {expected!r}")
-    device_answer = r.get(f"answer_{r.get('numerics')}")  # the answer predicted on the device (BFP16)
-    if expected and device_answer is not None and expected.lower() not in str(device_answer).lower():
-        out.append(f"the answer under {str(r['numerics']).upper()} {device_answer!r} does not contain {expected!r}")
     return out
 
 

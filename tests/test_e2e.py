@@ -101,6 +101,8 @@ def check_example_package_files(pkg, tmp_path):
     quality = [[c.text for c in r.findall("td")] for r in doc.findall(".//table[@id='quality-table']/tbody/tr")]
     assert quality[-1][1] == "package (cpu-reference, BFP16 activations, predicted on the device)" and quality[-1][4], quality
     assert "not published" in (pkg / "README.md").read_text()  # the card's chain says what BFP16 is
+    changed = json.loads((pkg / "report.json").read_text())["quality_chain"]["bfp16_changed_answer"]
+    assert (doc.find(".//header//p[@id='bfp16-answer-notice']") is not None) is (changed is not None)  # the first screen says so
     tiers = {r.findall("td")[0].text: r.findall("td")[1].text for r in doc.findall(".//table[@id='tier-table']/tbody/tr")}
     assert tiers["prefill"].startswith("1, 128, 256") and tiers["token"].startswith("384, 640")  # the tiers compiled into the package
     html5lib.HTMLParser(strict=True).parse((pkg / "report.html").read_text())

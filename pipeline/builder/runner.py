@@ -38,6 +38,7 @@ from raipack.evaluation.chain import preflight
 from raipack.evaluation.run import Request
 from raipack.npu import profile as profiles
 from raipack.npu.spec import Profile
+from raipack.report.chain import document as quality_chain
 from raipack.validate import validate
 
 
@@ -81,6 +82,7 @@ class BuildResult:
             "findings": [f.to_dict() for f in self.findings],
             "tools": manifest.tool_versions(("torch", "amd-quark", "transformers", "onnx", "onnxruntime", "onnxruntime-genai")),
             **({"eval": self.evaluation} if self.evaluation else {}),
+            **({"quality_chain": chain} if (chain := quality_chain([{"name": s.name, "report": s.report} for s in self.stages])) else {}),
         }
 
 

@@ -1,7 +1,8 @@
 """The accuracy chain: the same tasks on every stage a build produced, the drop stage by stage, and
 the build gate (a recipe's `[eval]` table: a drop over `max_drop` fails the build). With
-`numerics = "bfp16"` the package is scored a second time under BFP16 activations, a row of its own
-(`fuse (bfp16)`) that the gate holds to `max_drop` like every other.
+`numerics = "bfp16"` — the default for a package of an NPU or hybrid target (targets.device_numerics) — the
+package is scored a second time under BFP16 activations, a row of its own (`fuse (bfp16)`) that the gate holds
+to `max_drop` like every other.
 
 Stage outputs are found through `<package>.stages/<stage>` links beside the package, then through
 the lineage every raipack manifest records (each stage's inputs and their paths), so a package
@@ -21,7 +22,7 @@ from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_text
 from raipack.data import load_data
 from raipack.evaluation.run import Request, drops, session
-from raipack.evaluation.targets import detect_target
+from raipack.evaluation.targets import detect_target, device_numerics
 
 
 class GateFailed(RaipackError):
@@ -92,9 +93,10 @@ def run_chain(outputs: dict[str, Path], req: Request, lms: dict | None = None) -
             target = detect_target(path)
             res = s.run(target, lm=(lms or {}).get(stage))
             rows.append({"stage": stage, "kind": target.kind, "target": str(path), "ran_on": res["raipack"]["ran_on"], "results": res})
-            if target.kind == "package" and req.numerics != "float":  # the same package under the NPU's numerics: the chain's last link
-                label = f"{stage} ({req.numerics})"
-                res = s.run(target, lm=(lms or {}).get(label), numerics=req.numerics)
+            numerics = (req.numerics or device_numerics(path)[0]) if target.kind == "package" else "float"  # unset: the device's
+            if numerics != "float":  # the same package under the NPU's numerics: the chain's last link
+                label = f"{stage} ({numerics})"
+                res = s.run(target, lm=(lms or {}).get(label), numerics=numerics)
                 rows.append({"stage": label, "kind": target.kind, "target": str(path), "ran_on": res["raipack"]["ran_on"], "results": res})
     rows = drops(rows)
     first = rows[0]["results"]

@@ -1,7 +1,9 @@
 """`raipack eval TARGET`: lm-eval's simple_evaluate on one target; its results dict plus a "raipack" key.
 
 With `numerics="bfp16"` a package is scored twice, float and BFP16 (pipeline/runtime/numerics.py),
-and the "raipack" key holds both rows side by side with the drop from float to BFP16."""
+and the "raipack" key holds both rows side by side with the drop from float to BFP16. Unset (None), a package
+is scored under its device's numerics (evaluation/targets.py device_numerics: bfp16 for NPU and hybrid
+packages, so both rows), every other target in float."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 from raipack.core.errors import RaipackError, UsageError
 from raipack.evaluation import loadcheck
 from raipack.evaluation import tasks as local_tasks
-from raipack.evaluation.targets import Target, detect_target
+from raipack.evaluation.targets import Target, detect_target, device_numerics
 from raipack.runtime.numerics import HONEST, ready
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's stderr of non-mean metrics (perplexities); its default 100000 takes seconds a task
@@ -25,7 +27,7 @@ class Request:
     limit: int | None = None
     num_fewshot: int | None = None
     include_path: Path | None = None
-    numerics: str = "float"  # "bfp16": packages are scored under float and under BFP16
+    numerics: str | None = None  # "bfp16": packages are scored under float and under BFP16; None: the device's (bfp16 for NPU packages)
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -49,7 +51,7 @@ def require_lm_eval() -> None:
 def check_request(req: Request) -> Request:
     """Absolute paths (lm-eval runs in its own folder) and the task folder checked, before any model loads."""
     require_lm_eval()
-    ready([req.numerics])
+    ready([req.numerics] if req.numerics else [])
     include = Path(req.include_path).resolve() if req.include_path else None
     if include is not None:
         local_tasks.check_folder(include)
@@ -109,6 +111,13 @@ def session(req: Request):
 def evaluate(path: Path, req: Request) -> dict:
     """lm-eval's results for the target at `path` (its kind detected)."""
     target = detect_target(Path(path).resolve())
+    if req.numerics is None:  # the device's numerics: a package of an NPU target is scored as the NPU computes
+        numerics, why = device_numerics(target.path) if target.kind == "package" else ("float", "")
+        req = Request(req.tasks, req.limit, req.num_fewshot, req.include_path, numerics)
+        doc = evaluate(target.path, req)
+        if why:
+            doc["raipack"]["numerics_skipped"] = why
+        return doc
     if req.numerics != "float" and target.kind != "package":
         article = "an" if target.kind[0] in "aeiou" else "a"
         raise UsageError(f"--numerics {req.numerics} applies to packages, and {target.path} is {article} {target.kind} folder",

@@ -117,7 +117,7 @@ def copy_tree(src: Path, dst: Path, ignore: tuple[str, ...] = ()) -> None:
         os.chmod(dirpath, mode)
 
 
-def _copy_file(src: Path, dst: Path) -> None:
+def _copy_file(src: str, dst: str) -> None:  # shutil.copytree passes str
     """A reflink where the filesystem offers one (btrfs, XFS: shared until either side is written),
     else a kernel copy (shutil uses sendfile)."""
     with open(src, "rb") as fin, open(dst, "wb") as fout:

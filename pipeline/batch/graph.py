@@ -22,7 +22,7 @@ from typing import Callable
 from raipack.batch.jobs import Executor, StageJob, job_key, run_stage_job
 from raipack.batch.matrix import Entry
 from raipack.batch.resources import estimate
-from raipack.builder import runner, stages
+from raipack.builder import placing, runner, stages
 from raipack.builder.context import BuildContext
 from raipack.core.errors import RaipackError
 from raipack.npu import profile as profiles
@@ -171,6 +171,6 @@ class Batch:
             self._fail(run, "assemble", str(exc), getattr(exc, "hint", "") or "")
             return
         for r in run.results:
-            runner.link_stage_output(Path(recipe.output), package.name, r.name, Path(r.path))
+            placing.link_stage_output(Path(recipe.output), package.name, r.name, Path(r.path))
         run.package = str(package)
         run.status = "cached" if all(s["status"] == "cached" for s in run.stages) else "built"

@@ -26,6 +26,7 @@ from raipack.builder.crash import stage_crashed
 from raipack.builder.inputs import check_model_dir
 from raipack.builder.model_card import append_build_numbers
 from raipack.builder.naming import package_name
+from raipack.builder.placing import commit, link_stage_output, relocated
 from raipack.builder.progress import Progress
 from raipack.builder.recipe import Recipe
 from raipack.core import lfs, manifest
@@ -270,7 +271,7 @@ def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool, memory: dict 
             raise
         except Exception as exc:  # no sentence yet: one now, the traceback to a file (pipeline/builder/crash.py)
             raise stage_crashed(st.name, recipe, profile, exc) from exc
-        report = _relocated(report, work, final)  # the staging folder's name never outlives it
+        report = relocated(report, work, final)  # the staging folder's name never outlives it
         manifest.mark_incomplete(work)  # after run(): a stage gets an empty folder
         lineage = {"inputs": [{"stage": i, "path": str(outputs[i]), "sha256": cache.folder_digest(outputs[i]), **_carried(ctx.inputs, i)} for i in st.inputs],
                    "stages": [{"name": st.name, "version": st.version, "cache_key": ckey}]}
@@ -284,7 +285,7 @@ def _run_stage(st, cfg, ctx: BuildContext, ckey: str, force: bool, memory: dict 
                 return final, stored_report(final), "cached"
             if final.exists():  # an older entry under the same key: incomplete (a killed build), or rebuilt with --force
                 cache.remove(final)
-            _commit(work, final, doc)
+            commit(work, final, doc)
     except BaseException:
         cache.remove(work)
         raise
@@ -304,28 +305,6 @@ def _carried(inputs, stage: str) -> dict:
     return handover.lineage(inputs, stage) if inputs and stage in inputs.outputs else {}
 
 
-def _relocated(value, work: Path, final: Path):
-    """`value` (a stage's report) with every mention of its staging folder naming the final one."""
-    if isinstance(value, str):
-        return value.replace(str(work), str(final))
-    if isinstance(value, dict):
-        return {k: _relocated(v, work, final) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_relocated(v, work, final) for v in value]
-    return value
-
-
-def _commit(work: Path, final: Path, doc: dict) -> None:
-    """Rename the folder into place, then write its manifest: the manifest is the
-    commit, so no folder ever holds a complete manifest before it is in place.
-    Then seal it read-only."""
-    cache.record(final, doc)  # the key index: the manifest digest a later hit must have, before the manifest exists
-    os.rename(work, final)
-    manifest.put(final, doc)
-    (final / manifest.INCOMPLETE).unlink(missing_ok=True)
-    cache.seal(final)
-
-
 def _check_output(st, job, folder: Path, doc: dict) -> None:
     profile = st.output_profile(job)
     if profile is None:  # a report, not a package: the stage checked its own results
@@ -342,18 +321,6 @@ def _validate_with_manifest(folder: Path, doc: dict, profile: str = "auto"):
     """Validate a staged folder as it will be once committed, its manifest
     included in memory only: a killed run never leaves a manifest behind."""
     return validate(folder, profile, virtual={manifest.NAME: doc, manifest.INCOMPLETE: None})
-
-
-def link_stage_output(out_root: Path, pkg_name: str, name: str, path: Path) -> None:
-    """build/<package>.stages/<stage> points at the stage's cache entry."""
-    links = out_root / f"{pkg_name}.stages"
-    links.mkdir(exist_ok=True)
-    link = links / name
-    tmp = links / f".{name}.{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(path, tmp)
-    os.replace(tmp, link)
 
 
 def _assemble(ctx: BuildContext, target: Path, results: list[StageResult], evaluation: dict | None = None):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from raipack.core.package import Package
 from raipack.npu import catalog
-from raipack.npu.loader_config import grammar_for
+from raipack.npu.loader_config import grammar_for, judge
 from raipack.npu.spec import Profile
 
 AMD_TARGETS = ("npu", "hybrid", "reference")  # read by AMD's runtime build (raipack's reference packages copy its layout)
@@ -26,6 +27,42 @@ class LoaderChoice:
         return f"{who} ({self.why})"
 
 
+def for_release(profile: Profile) -> LoaderChoice | None:
+    """The loader of the profile's Ryzen AI release, None for a profile of no release (an export)."""
+    if profile.release in ("n/a", "") or catalog.entry(profile.release) is None:
+        return None
+    wanted, why = _wanted(None, profile)
+    return LoaderChoice(grammar_for(wanted)[0], profile.target in AMD_TARGETS, wanted, why)
+
+
+def fit(genai: dict, choice: LoaderChoice) -> tuple[dict, list[str]]:
+    """`genai` without the keys `choice`'s loader does not know (an export by a newer model builder
+    writes keys an older release's loader refuses: 0.18's sliding_window.cache_slack, say), and the
+    JSON pointers removed. Other refusals stay for RP204 to report."""
+    doc = json.loads(json.dumps(genai))
+    removed: list[str] = []
+    for _ in range(64):
+        refusals = judge(json.dumps(doc, ensure_ascii=False).encode(), choice.version, amd=choice.amd)
+        unknown = next((r for r in refusals if "Unknown value" in r.message and r.pointer), None)
+        if unknown is None or not _remove(doc, unknown.pointer):
+            break
+        removed.append(unknown.pointer)
+    return doc, removed
+
+
+def _remove(doc, pointer: str) -> bool:
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.strip("/").split("/")]
+    node = doc
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return False
+    if isinstance(node, dict) and parts[-1] in node:
+        del node[parts[-1]]
+        return True
+    return False
+
+
 def loader_for(pkg: Package, profile: Profile) -> LoaderChoice:
     amd = profile.target in AMD_TARGETS
     wanted, why = _wanted(pkg, profile)
@@ -35,7 +72,7 @@ def loader_for(pkg: Package, profile: Profile) -> LoaderChoice:
     return LoaderChoice(version, amd, wanted, why)
 
 
-def _wanted(pkg: Package, profile: Profile) -> tuple[str | None, str]:
+def _wanted(pkg: Package | None, profile: Profile) -> tuple[str | None, str]:
     entry = catalog.entry(profile.release) if profile.release not in ("n/a", "") else None
     if entry is not None:
         if entry.get("onnxruntime_genai"):
@@ -45,7 +82,7 @@ def _wanted(pkg: Package, profile: Profile) -> tuple[str | None, str]:
             rel = older[-1]
             return rel["onnxruntime_genai"], f"Ryzen AI {profile.release}'s loader is not recorded; {rel['release']}'s"
         return None, f"Ryzen AI {profile.release}'s loader is not recorded"
-    built = _manifest_version(pkg)
+    built = _manifest_version(pkg) if pkg is not None else None
     if built:
         return built, "the version raipack's manifest records"
     return None, "no release names this folder's loader"

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+from raipack.npu.loader_choice import fit, for_release
 from raipack.npu.spec import Profile
 from raipack.runtime.prompts import defaults, write_prompts_file
 from raipack.stages.fuse.fuse_run import FuseRun, write_json
@@ -33,6 +34,10 @@ def write_configs(run: FuseRun, stage: Path) -> None:
         gen_cfg = json.loads((stage / "generation_config.json").read_text("utf-8"))
     L = run.L
     new_genai = _genai_config(run.genai, run.settings.provider_options(run.profile), L, gen_cfg, run.names["graph"])
+    loader = for_release(run.profile)
+    if loader is not None:  # the release's loader refuses keys a newer model builder writes (RP204)
+        new_genai, removed = fit(new_genai, loader)
+        run.dropped_keys = removed
     run.written["genai_config.json"] = write_json(stage / "genai_config.json", new_genai)
     run.written["rai_config.json"] = write_json(stage / "rai_config.json", {"max_prompt_length": L["max_prompt_length"]})
     run.written["config.json"] = write_json(stage / "config.json", run.model_config)

@@ -40,6 +40,7 @@ class FuseRun:
     header_sha: str = ""
     graph_sha: str = ""
     names: dict = field(default_factory=dict)  # graph, data, header, weights: the profile's file names
+    dropped_keys: list = field(default_factory=list)  # JSON pointers of genai_config keys the release's loader does not know
 
     @property
     def L(self) -> dict:

@@ -304,6 +304,7 @@ def _fuse_report(run: FuseRun, t0: float) -> dict:
         "bytes_written": sum(run.written.values()),
         "files": run.written,
         "lengths": L,
+        "genai_keys_dropped": run.dropped_keys,  # the export's keys the release's onnxruntime-genai refuses (RP204)
         "findings": [f.to_dict() for f in run.findings],
         "npu_complete": not any(f.severity == "error" for f in run.findings),
         "summary": f"{len(fg.fused)} fused nodes, {len(L['prefill'])} prefill + {len(L['token'])} token tiers, max_length {L['max_length']}",

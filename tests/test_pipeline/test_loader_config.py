@@ -250,3 +250,22 @@ def test_every_command_reads_a_shapeless_genai_config_without_a_traceback(make_p
     assert info.value.code in (0, 1, 2, 3), out + err
     if info.value.code not in (0,):
         assert (out + err).strip(), "a failing command says why"
+
+
+def test_fuse_fits_the_export_to_the_releases_loader():
+    """onnxruntime-genai 0.18's builder writes model.decoder.sliding_window.cache_slack (phi-3.5, phi-4-mini),
+    which 1.8.0's 0.14.0 refuses: the fuse stage leaves such keys out and says which (fuse report
+    genai_keys_dropped); a wrong value it does not touch."""
+    from raipack.npu.loader_choice import fit, for_release
+    from raipack.npu.profile import get
+
+    choice = for_release(get("reference-16K"))
+    assert (choice.version, choice.amd) == ("0.14.0", True)
+    doc = {"model": {"context_length": 4096, "decoder": {"sliding_window": {"window_size": 2048, "cache_slack": 64}}}, "search": {"max_length": 4096}}
+    fitted, removed = fit(doc, choice)
+    assert removed == ["/model/decoder/sliding_window/cache_slack"] and "cache_slack" not in fitted["model"]["decoder"]["sliding_window"]
+    assert "cache_slack" in doc["model"]["decoder"]["sliding_window"]  # the input is not changed
+    assert loader_config.judge(json.dumps(fitted).encode(), "0.14.0", amd=True) == []
+    typed = {**doc, "search": {"max_length": "4096"}}
+    assert fit(typed, choice)[0]["search"]["max_length"] == "4096"  # a refusal that is not an unknown key stays for RP204
+    assert for_release(get("oga-export")) is None

@@ -82,9 +82,9 @@ def _lexical(raw: bytes) -> Refusal | None:
         return Refusal("", 'Unknown value "" (the file starts with a UTF-8 byte order mark)', "save genai_config.json as UTF-8 without a BOM")
     if not raw.strip():
         return Refusal("", "Unexpected end of JSON data", "genai_config.json is empty: copy it again from the package's source")
-    if UNICODE_ESCAPE.search(raw):
-        at = UNICODE_ESCAPE.search(raw).start()
-        line = raw.count(b"\n", 0, at) + 1
+    escape = UNICODE_ESCAPE.search(raw)
+    if escape is not None:
+        line = raw.count(b"\n", 0, escape.start()) + 1
         return Refusal("", f"Unsupported uXXXX code used (line {line})",
                        "the loader refuses every \\uXXXX escape: write the characters themselves (json.dump(..., ensure_ascii=False))")
     return None

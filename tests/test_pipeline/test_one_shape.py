@@ -18,7 +18,8 @@ from raipack.npu.contract import io_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 # Exceptions that never reach a user: each is caught where it is raised and becomes a finding or a RaipackError.
-INTERNAL = {"ShapeError", "FormatError", "ReadError", "JsonError", "GitReadError", "NotFollowed", "MissingObject", "GraphRefused", "RuntimeRefusal", "RenderBudget", "HeaderError"}  # HeaderError: AMD's weights header unreadable, turned into an RP112 finding; RenderBudget: jinja2's SecurityError inside the sandbox, turned into one sentence by raipack eval
+INTERNAL = {"ShapeError", "FormatError", "ReadError", "JsonError", "GitReadError", "NotFollowed", "MissingObject", "GraphRefused", "RuntimeRefusal", "RenderBudget", "HeaderError",
+            "HeaderLimit", "_Refused", "NotFetched"}  # HeaderLimit: a HeaderError past raipack's reading bounds (RP112's finding); _Refused: raised inside lemonade's JSON hooks, one sentence by register; NotFetched: a check's read of an hf:// placeholder, turned into "skipped"; HeaderError: AMD's weights header unreadable, turned into an RP112 finding; RenderBudget: jinja2's SecurityError inside the sandbox, turned into one sentence by raipack eval
 
 
 def _decoder(input_name: str = "input_ids") -> onnx.ModelProto:

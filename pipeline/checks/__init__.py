@@ -16,7 +16,7 @@ from raipack.core.findings import Finding
 
 __all__ = ["REGISTRY", "CheckSpec", "Context", "check", "load_all", "run_checks"]
 
-MODULES = ("files", "jsonfiles", "quant", "provider", "consistency", "buckets", "graph", "manifest", "npu_format", "advice", "runtime", "loader", "opened")
+MODULES = ("files", "jsonfiles", "quant", "provider", "consistency", "buckets", "graph", "manifest", "npu_format", "npu_fused", "npu_plans", "advice", "runtime", "loader", "opened")
 
 
 def load_all() -> dict[str, CheckSpec]:

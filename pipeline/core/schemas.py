@@ -1,7 +1,7 @@
 """The JSON Schemas of raipack's artefacts, and their errors as sentences.
 
 The schemas live in the repo's top-level `schemas/` folder, shipped as the
-data package `raipack.schemas`. `errors(name, doc)` turns jsonschema's errors
+data package `raipack.schemas`; core/schema_files.py finds and loads them. `errors(name, doc)` turns jsonschema's errors
 into (JSON pointer, one sentence) pairs such as
 `/search/max_length is "4096" (a string); expected an integer of at least 1`.
 A schema may give a keyword's expectation in plain words with `x-expected`.
@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raipack.core.errors import RaipackError, UsageError
+from raipack.core.errors import RaipackError
+from raipack.core.schema_files import REPO_DIR as REPO_DIR  # re-exported, with load: callers know schemas.load
+from raipack.core.schema_files import _base_of, _documents, _registry, _text, names
+from raipack.core.schema_files import load as load
 
 try:
     import jsonschema_rs
@@ -36,75 +37,8 @@ except ImportError:  # no wheel for this platform: jsonschema alone gives the ve
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
-    from referencing import Registry
 
-PACKAGE = "raipack.schemas"
-SUFFIX = ".schema.json"
-REPO_DIR = Path(__file__).resolve().parents[2] / "schemas"
 MAX_SHOWN = 60
-
-
-# ---------------------------------------------------------------- loading
-
-
-@lru_cache(maxsize=None)
-def _folder():
-    """Where the schema files are: the installed data package, else the repo."""
-    try:
-        return resources.files(PACKAGE)
-    except ImportError:
-        return REPO_DIR
-
-
-def names() -> list[str]:
-    """Names of the schemas raipack ships (`genai_config`, `manifest`, ...)."""
-    return sorted(e.name[: -len(SUFFIX)] for e in _folder().iterdir() if e.name.endswith(SUFFIX))
-
-
-@lru_cache(maxsize=None)
-def _text(name: str) -> str:
-    if name not in names():
-        raise UsageError(f"there is no schema named {name!r}", f"choose one of: {', '.join(names())}")
-    return _folder().joinpath(name + SUFFIX).read_text("utf-8")
-
-
-def load(name: str) -> dict:
-    """The schema `schemas/<name>.schema.json` as a fresh dict."""
-    return json.loads(_text(name))
-
-
-@lru_cache(maxsize=None)
-def _documents() -> dict[str, dict]:
-    """name → schema; the validators use these very objects."""
-    return {name: load(name) for name in names()}
-
-
-@lru_cache(maxsize=None)
-def _registry() -> Registry:
-    from referencing import Registry, Resource
-
-    return Registry().with_resources(
-        (doc["$id"], Resource.from_contents(doc)) for doc in _documents().values()
-    )
-
-
-@lru_cache(maxsize=None)
-def _base_of() -> dict[int, str]:
-    """id() of every sub-schema → $id of the document holding it (to resolve local $refs)."""
-    out: dict[int, str] = {}
-
-    def walk(node, base):
-        if isinstance(node, dict):
-            out[id(node)] = base
-            for value in node.values():
-                walk(value, base)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value, base)
-
-    for doc in _documents().values():
-        walk(doc, doc["$id"])
-    return out
 
 
 @lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from raipack.core import schemas
+from raipack.core import schema_files, schemas
 from raipack.core.errors import UsageError
 
 HERE = Path(__file__).parent
@@ -248,11 +248,11 @@ def test_errors_are_sorted_and_unique():
 
 
 def test_loader_falls_back_to_the_repo_folder(monkeypatch):
-    monkeypatch.setattr(schemas, "PACKAGE", "raipack_no_such_package")
-    schemas._folder.cache_clear()
+    monkeypatch.setattr(schema_files, "PACKAGE", "raipack_no_such_package")
+    schema_files._folder.cache_clear()
     try:
-        assert schemas._folder() == schemas.REPO_DIR
+        assert schema_files._folder() == schemas.REPO_DIR
         assert "manifest" in schemas.names()
     finally:
         monkeypatch.undo()
-        schemas._folder.cache_clear()
+        schema_files._folder.cache_clear()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.findings import Result
-from raipack.core.package import ReadError, loads_strict, read_regular
+from raipack.core.jsonread import loads_strict
+from raipack.core.package import ReadError, read_regular
 from raipack.data import load_data
 from raipack.lemonade import config_dir, facts
 from raipack.places import HUB_SCHEME, hfcache

@@ -28,8 +28,9 @@ from raipack.builder.config import parse_config
 from raipack.builder.recipe import layered, load
 from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
+from raipack.core.jsonread import loads_strict
 from raipack.core.output import atomic_write_text, copy_tree
-from raipack.core.package import ReadError, loads_strict, read_regular
+from raipack.core.package import ReadError, read_regular
 from raipack.npu.spec import Profile
 
 FILE = "handover.json"

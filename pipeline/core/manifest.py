@@ -9,8 +9,9 @@ from pathlib import Path
 
 from raipack import __version__
 from raipack.core.hashing import sha256_many
+from raipack.core.jsonread import loads_strict
 from raipack.core.output import atomic_write_text
-from raipack.core.package import ReadError, loads_strict, read_regular, role_of
+from raipack.core.package import ReadError, read_regular, role_of
 
 MAX_BYTES = 64 << 20  # a manifest lists files: a few KB to a few MB
 

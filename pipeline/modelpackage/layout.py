@@ -14,7 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from raipack.core.hashing import sha256_many
-from raipack.core.package import JSON_MAX_BYTES, JsonError, loads_strict
+from raipack.core.jsonread import loads_strict
+from raipack.core.package import JSON_MAX_BYTES, JsonError
 from raipack.data import load_data
 
 MAX_MANIFEST_BYTES = 1 << 20

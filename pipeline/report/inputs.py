@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from raipack.core.errors import UsageError
-from raipack.core.package import JsonError, ReadError, loads_strict, read_regular
+from raipack.core.jsonread import loads_strict
+from raipack.core.package import JsonError, ReadError, read_regular
 
 MAX_BYTES = 64 << 20
 

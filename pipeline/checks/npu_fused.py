@@ -30,7 +30,7 @@ def fused_graph(ctx):
     model = _graph_model(ctx)
     if doc is None or model is None:
         return
-    # here, not at the top, for start-up time: protobuf loads only when a fused graph is checked
+    # late: start-up time, protobuf loads only when a fused graph is checked
     from raipack.core import onnxproto as helper  # onnx's messages without onnx's import
 
     grel = ctx.graph_rel

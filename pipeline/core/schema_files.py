@@ -55,7 +55,7 @@ def _documents() -> dict[str, dict]:
 
 @lru_cache(maxsize=None)
 def _registry() -> Registry:
-    from referencing import Registry, Resource  # here, not at the top, for start-up time: only a check loads it
+    from referencing import Registry, Resource  # late: start-up time, loaded only when a document is validated
 
     return Registry().with_resources(
         (doc["$id"], Resource.from_contents(doc)) for doc in _documents().values()

@@ -17,6 +17,7 @@ from raipack.checks import load_all
 from raipack.cli.reference import cli_md
 from raipack.core import schemas
 from raipack.data import load_data
+from raipack.npu import catalog
 from raipack.npu.profile import all_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,6 @@ def profiles_md() -> str:
 
 
 def releases_table() -> list[str]:
-    from raipack.npu import catalog
 
     out = ["| release | onnxruntime-genai | least NPU driver | LLM devices | longest prompt | profiles | Linux |", "|---|---|---|---|---|---|---|"]
     for r in catalog.releases():

@@ -16,10 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from raipack import machine
+from raipack.checks import run_checks
 from raipack.core.errors import NothingToValidate, UsageError
+from raipack.core.textsafe import safe, safe_tree
+from raipack.npu import linux
 from raipack.npu.settings import version_tuple
 from raipack.npu.spec import Profile
 from raipack.npu.target import Target
+from raipack.runtime import probes
+from raipack.runtime.provider import EP_ENV
+from raipack.runtime.readiness import npu_readiness
+from raipack.validate import open_package as scan
 
 WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]|\\")  # a drive letter, or any backslash
 PATH_KEYS = ("filename", "external_data_file", "custom_ops_library", "dd_root", "dd_cache", "ep_context_file_path", "config_file", "path")
@@ -56,9 +63,6 @@ def environment(package: Path | None = None) -> tuple[dict, list[Problem]]:
     """What this machine has, and the problems it causes for `package` (None: for any NPU package).
     The NPU facts are pipeline/runtime/readiness.py's checks, every one asked: the answer smoke, bench
     and eval get. No provider library is loaded from the package."""
-    from raipack.runtime import probes
-    from raipack.runtime.provider import EP_ENV
-    from raipack.runtime.readiness import npu_readiness
 
     genai, ort = machine.installed("onnxruntime_genai"), machine.installed("onnxruntime")
     release = machine.release_of(genai[1]) if genai else None
@@ -133,7 +137,6 @@ def _library_problems(env: dict, ep_env: str) -> list[Problem]:
 
 def open_package(path: Path):
     """(Context, why its profile) of the package at `path`; NothingToValidate (exit 3) if no package is there."""
-    from raipack.validate import open_package as scan
 
     try:
         return scan(Path(path))
@@ -143,7 +146,6 @@ def open_package(path: Path):
 
 def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
     """The package's facts and its problems on this machine (`opened`: what open_package returned)."""
-    from raipack.checks import run_checks
 
     ctx, reason = opened
     profile = ctx.profile
@@ -164,7 +166,6 @@ def check_package(opened, env: dict) -> tuple[dict, list[Problem]]:
 
 def _linux_problems(ctx, release: str, env: dict) -> list[Problem]:
     """On Linux: the edits AMD documents for running the release's (Windows-built) packages here."""
-    from raipack.npu import linux
 
     if not env["platform"].startswith("linux"):
         return []
@@ -252,7 +253,6 @@ def _config_problems(ctx, release: str, env: dict) -> list[Problem]:
 
 
 def _linux_plan(release: str):
-    from raipack.npu import linux
 
     return linux.deployment(release)
 
@@ -281,13 +281,11 @@ def doctor(package: Path | None = None) -> Report:
 
 
 def as_json(report: Report) -> str:
-    from raipack.core.textsafe import safe_tree
 
     return json.dumps(safe_tree(report.to_dict()), indent=2)
 
 
 def as_text(report: Report) -> str:
-    from raipack.core.textsafe import safe
 
     env = report.environment
     genai, ort = env["onnxruntime_genai"], env["onnxruntime"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.output import atomic_write_bytes
 from raipack.data import load_data
+from raipack.npu.profile import get
 from raipack.npu.target import Target
 from raipack.validate import validate_all
 
@@ -118,7 +119,6 @@ def check_package(package: Path, allow_reference: bool) -> None:
     if errors:
         f = errors[0]
         raise RaipackError(f"{package} fails validation ({f.check_id} {f.path}: {f.message}), so lemonade could not load it", "run `raipack validate` on it and fix the errors first")
-    from raipack.npu.profile import get
 
     profile = get(outcome.profile)
     if profile.target is Target.REFERENCE and not allow_reference:

@@ -25,6 +25,7 @@ from raipack import __version__
 from raipack.checks import run_checks
 from raipack.checks.manifest import manifest_files
 from raipack.core.errors import RaipackError, UsageError
+from raipack.core.findings import Result
 from raipack.core.hashing import sha256_file
 from raipack.core.manifest import NAME as MANIFEST
 from raipack.core.manifest import put as put_manifest
@@ -351,7 +352,6 @@ def _update_manifest(p: Plan, new: bytes, backup: Path, original: bytes) -> None
 
 def revalidate(p: Plan):
     """Validate the written package against the profile it was tuned under."""
-    from raipack.core.findings import Result
 
     ctx, _ = open_package(p.root, p.profile)
     ctx.sdk_version = p.sdk[0]

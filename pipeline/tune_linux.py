@@ -13,8 +13,9 @@ from pathlib import Path
 from raipack.core.errors import RaipackError
 from raipack.core.output import atomic_write_bytes
 from raipack.core.package import JSON_MAX_BYTES, Package, ReadError
+from raipack.npu import linux
 from raipack.tune import Refused, backup_path, dump_like
-from raipack.validate import open_package
+from raipack.validate import open_package, validate
 
 
 @dataclass
@@ -32,7 +33,6 @@ class LinuxPlan:
 def plan_linux(path: Path, profile: str = "auto") -> LinuxPlan:
     """The edits AMD documents for the package's release on Linux, computed, nothing written;
     Refused when AMD documents no Linux deployment for the release (raipack does not guess one)."""
-    from raipack.npu import linux
 
     ctx, reason = open_package(path, profile)
     prof, release = ctx.profile, ctx.profile.release
@@ -92,6 +92,5 @@ def apply_linux(p: LinuxPlan) -> list[tuple[str, Path]]:
 
 
 def revalidate_linux(p: LinuxPlan):
-    from raipack.validate import validate
 
     return validate(p.root, p.profile, platform="linux")

@@ -93,7 +93,7 @@ def validate(path: Path, profile: str = "auto", *, jobs: int | None = None, virt
 def _validate_hub(target: str, profile: str, chosen: Selection, jobs: int | None) -> Result:
     """A Hub repository from its file list and small files; the checks that open any other file are
     reported as skipped (pipeline/places/hub.py, guard.py)."""
-    from raipack.places import hub  # the hub extra: the light install has no huggingface_hub
+    from raipack.places import hub  # late: the hub extra: the light install has no huggingface_hub
 
     start = time.perf_counter()
     with hub.fetched(target, chosen.revision) as remote:

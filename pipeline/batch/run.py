@@ -9,19 +9,20 @@ from typing import Callable
 
 from raipack.batch import report
 from raipack.batch.graph import Batch
+from raipack.batch.local import LocalExecutor
 from raipack.batch.matrix import load
 from raipack.builder import cache, staging
 from raipack.core.errors import UsageError
+from raipack.modelpackage.assemble import assemble_model_packages
 
 
 def make_executor(kind: str, jobs: int, address: str | None, root: Path, warn: Callable[[str], None], memory_free=None):
     if kind == "ray":
-        from raipack.batch.ray_executor import RayExecutor  # only now: ray is the cluster extra's
+        from raipack.batch.ray_executor import RayExecutor  # late: ray is the cluster extra's, loaded only for the ray executor
 
         return RayExecutor(address, cache_root=root)
     if address:
         raise UsageError("--address names a Ray cluster, but the executor is local", "add --executor ray, or drop --address")
-    from raipack.batch.local import LocalExecutor
 
     return LocalExecutor(jobs, memory_free, warn=warn)
 
@@ -68,7 +69,6 @@ def run_batch(matrix_path: Path, options: BatchOptions | None = None, /, **field
 def _model_packages(entries: list[dict], output: Path, root: Path):
     """H9's assembly (pipeline/modelpackage): one multi-variant ONNX Runtime model package per model,
     its CPU variant the export found in this batch's cache."""
-    from raipack.modelpackage.assemble import assemble_model_packages
 
     by_model: dict[str, list[dict]] = {}
     for e in entries:

@@ -36,9 +36,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raipack.benchmark.child import RESULT
+from raipack.builder import cache, stages
+from raipack.core import manifest
 from raipack.core.errors import RaipackError, UsageError
 from raipack.evaluation.targets import device_numerics
-from raipack.runtime.prompts import defaults
+from raipack.runtime.numerics import check_mode, ready
+from raipack.runtime.prompts import Tokens, defaults, prompt_ids, read_lines
+from raipack.runtime.readiness import npu_readiness
+from raipack.runtime.trust import PackageFiles
+from raipack.validate import open_package
 
 BACKENDS = ("reference", "oga", "npu")
 FORMAT, FORMAT_VERSION = "raipack-bench", 1
@@ -70,7 +77,6 @@ def parse_lengths(text: str) -> list[int]:
 
 def prompt_limit(package: Path) -> tuple[int, int, str]:
     """(the longest prompt the package takes, its maximum length, where the limit comes from)."""
-    from raipack.validate import open_package
 
     ctx, _ = open_package(package)
     s, prof = ctx.settings, ctx.profile
@@ -101,8 +107,6 @@ def choose_lengths(asked: list[int] | None, gen: int, limit: int, max_length: in
 def find_export(package: Path, root: Path | None = None) -> tuple[Path | None, str]:
     """(the unfused export the package was fused from, "") through manifest.json's lineage and the
     build cache, or (None, one line saying why not)."""
-    from raipack.builder import cache, stages
-    from raipack.core import manifest
 
     doc = manifest.read(package)
     if doc is None:
@@ -120,7 +124,6 @@ def find_export(package: Path, root: Path | None = None) -> tuple[Path | None, s
 def npu_ready(package: Path, export: Path | None) -> tuple[dict | None, str]:
     """(the npu child's environment, "") when the NPU can run the package here, else (None, why not):
     pipeline/runtime/readiness.py's answer, the one smoke, eval and doctor get."""
-    from raipack.runtime.readiness import npu_readiness
 
     readiness = npu_readiness(package, [export] if export else [])
     return (readiness.child_env(), "") if readiness.ready else (None, readiness.reason)
@@ -137,7 +140,6 @@ class Runs:
 
 def parse_numerics(text: str | None) -> list[str] | None:
     """'float,bfp16' -> ["float", "bfp16"]; UsageError for another name; None (not given): None, the device's."""
-    from raipack.runtime.numerics import check_mode
 
     if text is None:
         return None
@@ -148,7 +150,6 @@ def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str
               numerics: list[str] | None = None) -> Plan:
     """Everything checked and settled before anything runs."""
     gen = runs.gen
-    from raipack.runtime.numerics import ready
 
     if numerics is not None:  # asked for: checked before the package is looked at
         numerics = ready(numerics)
@@ -183,8 +184,6 @@ def make_plan(package: Path, lengths: list[int] | None, runs: Runs, backend: str
 
 
 def _prompts(plan: Plan) -> None:
-    from raipack.runtime.prompts import Tokens, prompt_ids, read_lines
-    from raipack.runtime.trust import PackageFiles
 
     files = PackageFiles(plan.package)
     tokens = Tokens(files.path("tokenizer.json", "raipack bench (the package's tokenizer)"))
@@ -198,7 +197,6 @@ def _prompts(plan: Plan) -> None:
 
 def run_child(job: dict, env: dict) -> dict:
     """One backend's measurements in a child process started from an empty folder."""
-    from raipack.benchmark.child import RESULT
 
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}

@@ -23,6 +23,11 @@ import resource
 import sys
 from pathlib import Path
 
+from raipack.runtime.numerics import HONEST
+from raipack.runtime.provider import device_problem
+from raipack.runtime.reference import ReferenceRuntime
+from raipack.runtime.trust import first_line
+
 RESULT = "raipack-bench-result "
 
 
@@ -75,6 +80,7 @@ class OrtSteps:
     """prefill/step over raipack's plain onnxruntime loop (pipeline/runtime/ortloop.py)."""
 
     def __init__(self, folder: Path):
+        # late: ortloop loads numpy and onnxruntime, only for the onnxruntime backend
         from raipack.runtime.ortloop import OrtDecoder
 
         self.dec = OrtDecoder(folder)
@@ -98,8 +104,6 @@ def open_backend(job: dict):
     if backend == "reference":
         import onnxruntime as ort
 
-        from raipack.runtime.numerics import HONEST
-        from raipack.runtime.reference import ReferenceRuntime
 
         numerics = job.get("numerics", "float")
         what = "" if numerics == "float" else f"; {numerics} activations, {HONEST}"
@@ -114,7 +118,6 @@ def open_backend(job: dict):
         return OrtSteps(folder), f"raipack ortloop (onnxruntime {ort.__version__}, CPU; onnxruntime-genai is not installed)"
     model = og.Model(str(folder))
     if backend == "npu":
-        from raipack.runtime.provider import device_problem
 
         problem = device_problem(model)
         if problem:
@@ -124,6 +127,7 @@ def open_backend(job: dict):
 
 def measure(runtime, prompts: dict, gen: int, runs: int, warmup: int) -> list[dict]:
     """Per prompt length: the warm-up runs, then `runs` timed runs and the peak memory."""
+    # late: tests stub chat.timed_generate; loads the tokenizer helpers only when measuring
     from raipack.runtime.chat import timed_generate
 
     rows, scoped = [], True
@@ -144,7 +148,6 @@ def main() -> None:
         rows = measure(runtime, job["prompts"], job["gen"], job["runs"], job["warmup"])
         out = {"ran_on": ran_on, "rows": rows}
     except Exception as exc:  # one sentence back to the parent, which says which backend failed
-        from raipack.runtime.trust import first_line
 
         out = {"error": str(exc) if isinstance(exc, ValueError) and "\n" not in str(exc) else first_line(exc)}
     print(RESULT + json.dumps(out), flush=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from raipack.core import manifest
 from raipack.core.errors import RaipackError
+from raipack.core.hashing import sha256_many
 from raipack.core.output import atomic_write_text
 
 try:
@@ -154,7 +155,6 @@ def changed_file(path: Path, doc: dict) -> str | None:
         return f"{rel} is not in its manifest"
     for rel in sorted(set(listed) - present):
         return f"{rel} is missing"
-    from raipack.core.hashing import sha256_many
 
     digests = sha256_many([path / rel for rel in listed])
     for rel in sorted(listed):
@@ -238,7 +238,6 @@ def folder_digest(folder: Path, memo: bool = True) -> str:
     folder = Path(folder)
     if manifest.is_complete(folder):
         return hashlib.sha256((folder / manifest.NAME).read_bytes()).hexdigest()
-    from raipack.core.hashing import sha256_many
 
     memo_path, use_memo = cache_root() / "digests.json", memo
     try:

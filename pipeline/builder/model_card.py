@@ -19,6 +19,7 @@ from pathlib import Path
 
 from raipack.core import frontmatter
 from raipack.data import load_data
+from raipack.npu import profile as profiles
 from raipack.report.chain import chain_lines
 
 MARK = "\n## Build record\n"
@@ -93,7 +94,6 @@ def license_of(source: Path | None) -> str | None:
 
 
 def tags(report: dict) -> list[str]:
-    from raipack.npu import profile as profiles
 
     quant = next((s["report"] for s in report["stages"] if s["name"] == "quantize"), {})
     prof = profiles.get(report["profile"])

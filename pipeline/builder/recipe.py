@@ -11,6 +11,7 @@ from raipack.builder import stages
 from raipack.core import schemas
 from raipack.core.errors import UsageError
 from raipack.core.findings import Finding
+from raipack.core.package import ReadError, read_regular
 
 EXAMPLE_NAME = "SmolLM2-135M-Instruct"
 
@@ -108,7 +109,6 @@ MAX_TOML_BYTES = 1 << 20  # a recipe or a matrix is a few KB
 
 def _plain_text(path: Path, what: str) -> str:
     """The file's text, opened without blocking and only when it is a plain file (a FIFO would hang the read)."""
-    from raipack.core.package import ReadError, read_regular
 
     try:
         raw = read_regular(path, MAX_TOML_BYTES)

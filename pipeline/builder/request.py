@@ -7,9 +7,13 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from raipack.builder.runner import BuildOptions, BuildResult
+from raipack.builder import handover, stages
+from raipack.builder.progress import Progress
+from raipack.builder.recipe import load
+from raipack.builder.runner import BuildOptions, BuildResult, build
 from raipack.core.env import OFFLINE, THREADS
 from raipack.core.errors import RaipackError
+from raipack.npu import profile as profiles
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,6 @@ def run_build(request: BuildRequest) -> BuildResult:
     for key, value in THREADS.items():  # before anything loads torch; a user's own setting wins
         os.environ.setdefault(key, value)
 
-    from raipack.builder import handover, stages
-    from raipack.builder.progress import Progress
-    from raipack.builder.recipe import load
-    from raipack.builder.runner import build
-    from raipack.npu import profile as profiles
 
     progress = Progress(request.mode, verbose=request.verbose)
     carried = handover.read(request.inputs_dir) if request.inputs_dir is not None else None

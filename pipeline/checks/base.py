@@ -13,6 +13,7 @@ from raipack.core.findings import Finding
 from raipack.core.package import Package
 from raipack.npu.genai import ryzenai_options, table
 from raipack.npu.graph import load_graph
+from raipack.npu.settings import NpuSettings
 from raipack.npu.spec import Profile
 
 
@@ -75,7 +76,6 @@ class Context:
     @cached_property
     def settings(self):
         """The package's NPU settings (lengths, tiers, chunking, KV buffer) as its files give them."""
-        from raipack.npu.settings import NpuSettings
 
         return NpuSettings.from_package(self.pkg, self.profile, genai=self.genai, rai_config=self.rai_config)
 

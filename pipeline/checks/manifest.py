@@ -7,6 +7,7 @@ import os
 from raipack.checks.base import check
 from raipack.core.hashing import sha256_many
 from raipack.core.manifest import INCOMPLETE
+from raipack.core.package import LFS_MAX_SIZE, parse_lfs_pointer
 
 MANIFEST = "manifest.json"
 
@@ -59,8 +60,8 @@ def lfs_oids_from_git(ctx, paths) -> tuple[dict[str, str], list]:
     holds for `paths`, and findings for what could not be read. The index and
     objects are read as files (pipeline/core/gitread.py): git itself never runs in
     a package, so nothing its `.git/config` or hooks name can run."""
+    # late: only a package inside a git work tree reads git objects; validate of a plain folder skips the git reader
     from raipack.core.gitread import GitReadError, MissingObject, NotFollowed, Repo
-    from raipack.core.package import LFS_MAX_SIZE, parse_lfs_pointer
 
     if not os.path.lexists(ctx.pkg.root / ".git"):
         return {}, []

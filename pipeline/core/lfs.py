@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raipack.core.gitattributes import MAX_BYTES, Attributes, escape_glob, quote
+from raipack.core.output import atomic_write_text
 from raipack.core.package import ReadError
 from raipack.data import load_data
 
@@ -127,7 +128,6 @@ def write(folder) -> str:
     """Write the `.gitattributes` of a package folder raipack made (atomically) and return its text."""
     from pathlib import Path
 
-    from raipack.core.output import atomic_write_text
 
     text = render(sizes_of(folder))
     atomic_write_text(Path(folder) / NAME, text)

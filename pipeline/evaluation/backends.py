@@ -24,6 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from raipack.core.errors import RaipackError
+from raipack.runtime.numerics import HONEST
+from raipack.runtime.ortloop import OrtDecoder
+from raipack.runtime.readiness import npu_readiness
+from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
+from raipack.runtime.trust import PackageError
 
 
 class TorchBackend:
@@ -70,7 +75,6 @@ class ExportBackend:
     """An onnxruntime-genai builder export through OrtDecoder (every position's logits in one call)."""
 
     def __init__(self, folder: Path):
-        from raipack.runtime.ortloop import OrtDecoder
 
         self.decoder = OrtDecoder(folder)
         self.max_length = int(self.decoder.genai.get("search", {}).get("max_length") or self.decoder.context_length or 2048)
@@ -93,8 +97,6 @@ class PackageBackend:
     """A package on the reference runtime (see the module docstring for the NPU)."""
 
     def __init__(self, folder: Path, why_not_npu: str, numerics: str = "float"):
-        from raipack.runtime.numerics import HONEST
-        from raipack.runtime.reference import ReferenceRuntime
 
         self.runtime = ReferenceRuntime(folder, numerics=numerics)
         self.max_length = self.runtime.max_length
@@ -117,7 +119,6 @@ class PackageBackend:
 def npu_problem(folder: Path) -> str:
     """Why the package is not run on the NPU here: pipeline/runtime/readiness.py's answer (the one smoke,
     bench and doctor get), or, when the NPU could run it, that raipack eval does not drive it there yet."""
-    from raipack.runtime.readiness import npu_readiness
 
     readiness = npu_readiness(folder)
     if not readiness.ready:
@@ -127,8 +128,6 @@ def npu_problem(folder: Path) -> str:
 
 def open_backend(target, numerics: str = "float"):
     """The backend for a Target (pipeline/evaluation/targets.py); `numerics` applies to packages."""
-    from raipack.runtime.reference import RuntimeRefusal
-    from raipack.runtime.trust import PackageError
 
     try:
         if target.kind in ("source", "quark"):

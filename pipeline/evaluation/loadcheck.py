@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from raipack.core.env import OFFLINE
 from raipack.core.errors import UsageError
 from raipack.data import load_data
 from raipack.evaluation.taskfolder import HINT
@@ -32,7 +33,6 @@ def _limits() -> None:  # runs in the child, before exec
 
 def check(folder: Path, names: list[str], log: Path) -> None:
     """The tasks `names` of the written `folder` load in a bounded child; else one UsageError sentence."""
-    from raipack.core.env import OFFLINE
 
     secs = load_data("eval_tasks.json")["load_seconds"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "LD_"))}
@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
     try:
         from lm_eval.tasks import TaskManager, get_task_dict
 
+        # late: loads jinja2, only in the child that renders the chat template
         from raipack.evaluation.templates import sandboxed_templates
 
         with sandboxed_templates():

@@ -73,11 +73,12 @@ class Session:
         from jinja2.exceptions import SecurityError  # late, with the imports below: lm-eval, torch and onnxruntime load when a run starts (1.3 s)
         from lm_eval import simple_evaluate
 
+        # late: lm-eval, torch and onnxruntime load when a run starts (1.3 s), see the jinja2 import above
         from raipack.evaluation.backends import open_backend
-        from raipack.evaluation.lm import RaipackLM
-        from raipack.evaluation.templates import sandboxed_templates
-        from raipack.runtime.chat import load_tokenizer
-        from raipack.runtime.reference import RuntimeRefusal
+        from raipack.evaluation.lm import RaipackLM  # late: as above
+        from raipack.evaluation.templates import sandboxed_templates  # late: as above
+        from raipack.runtime.chat import load_tokenizer  # late: as above
+        from raipack.runtime.reference import RuntimeRefusal  # late: as above
 
         with local_tasks.quiet(self.log):  # the libraries' progress bars and logs, loading included
             if lm is None:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raipack.core.errors import UsageError
+from raipack.core.package import Package
 from raipack.data import load_data
+from raipack.npu.detect import detect
 from raipack.npu.target import Target as ProfileTarget
 
 KINDS = ("source", "quark", "export", "package")
@@ -30,8 +32,6 @@ def _config(folder: Path) -> dict:
 
 def _is_package(folder: Path) -> bool:
     """A raipack or AMD package: a profile of a package target (not an intermediate one) fits it."""
-    from raipack.core.package import Package
-    from raipack.npu.detect import detect
 
     found = detect(Package.scan(folder))
     return found is not None and found.profile.target is not ProfileTarget.INTERMEDIATE
@@ -61,8 +61,6 @@ def device_numerics(folder: Path) -> tuple[str, str]:
     """(the numerics the device of a package's profile target computes with, "") — bfp16 for NPU and hybrid
     packages and raipack's reference packages of them (pipeline/data/numerics.json "by_target"), float for
     the others — or ("float", why not) when they need amd-quark and it is not installed."""
-    from raipack.core.package import Package
-    from raipack.npu.detect import detect
 
     found = detect(Package.scan(Path(folder)))
     mode = load_data("numerics.json")["by_target"].get(found.profile.target.value if found else "", "float")

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from raipack.core.env import OFFLINE
 from raipack.core.errors import UsageError
 from raipack.evaluation import taskfolder
 from raipack.evaluation.taskfolder import HINT  # noqa: F401  (run.py and chain.py name it through this module)
@@ -32,7 +33,6 @@ def check_folder(folder: Path) -> list[Path]:
 def workspace(include_path: Path | None):
     """A fresh folder raipack owns, and a copy of the task folder in it (yields both; the copy is None without one); lm-eval runs
     in the copy (else the fresh folder) as its working folder, offline, and its logging quiet."""
-    from raipack.core.env import OFFLINE
 
     old_cwd, old_env = os.getcwd(), dict(os.environ)
     quiet = [logging.getLogger(n) for n in ("lm_eval", "lm-eval", "datasets")]

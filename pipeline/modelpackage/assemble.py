@@ -17,7 +17,9 @@ import shutil
 from pathlib import Path
 
 from raipack import __version__
+from raipack.benchmark import find_export
 from raipack.builder.logs import LOG_NAME
+from raipack.builder.swap import replace_dir
 from raipack.core import lfs, manifest
 from raipack.core.errors import RaipackError
 from raipack.core.hashing import sha256_file
@@ -29,7 +31,6 @@ from raipack.validate import validate
 
 def assemble_model_package(packages: list[Path], out: Path, *, export: Path | None = None, cache_root: Path | None = None, name: str | None = None) -> Path:
     """Write the model package `out` from raipack packages of one model; return `out`."""
-    from raipack.builder.swap import replace_dir
 
     out = Path(out)
     sources = [(_variant_name(Path(p)), Path(p)) for p in packages]
@@ -66,7 +67,6 @@ def _variant_name(package: Path) -> str:
 
 def _exports(sources: list[tuple[str, Path]], export: Path | None, cache_root: Path | None) -> list[tuple[str, Path]]:
     """The CPU variant(s): `export`, else each package's export found through its lineage."""
-    from raipack.benchmark import find_export
 
     found: list[Path] = [Path(export)] if export is not None else []
     for _, package in sources if export is None else ():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from raipack.data import load_data
+
 
 def ryzenai_options(genai) -> tuple[dict, dict]:
     """Merge the RyzenAI runtime options of any genai_config.json form.
@@ -57,6 +59,5 @@ def _get(doc, *keys):
 
 def known_options() -> dict:
     """What raipack knows of the RyzenAI runtime's options (pipeline/data/ryzenai_options.json)."""
-    from raipack.data import load_data
 
     return load_data("ryzenai_options.json")

@@ -20,6 +20,7 @@ from typing import Mapping
 
 from raipack.core.errors import RaipackError
 from raipack.npu.genai import ryzenai_options, table
+from raipack.npu.layout import tiers_present
 from raipack.npu.spec import OptionRule, Profile
 
 SDK_ENV = "RAIPACK_SDK_VERSION"  # the Ryzen AI version the package will run on
@@ -303,7 +304,6 @@ def tierless(profile: Profile) -> bool:
 
 def compiled_tiers(pkg, profile: Profile, phase: str) -> list[int]:
     """Tiers the package is compiled for: its tier files (tiered layouts), else the profile's list."""
-    from raipack.npu.layout import tiers_present
 
     if profile.metastate.tiered:
         found = tiers_present(pkg)["Prefill" if phase == "prefill" else "Token"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from raipack.core import schemas
 from raipack.core.errors import UsageError
 from raipack.npu.target import Target
 
@@ -214,7 +215,6 @@ class ProfileError(UsageError):
 def build(doc: dict, source: str) -> Profile:
     """The typed view of a resolved profile document; a document that breaks the profile schema
     fails here with one sentence naming `source` and the field."""
-    from raipack.core import schemas
 
     problems = schemas.errors("profile", doc)
     if problems:

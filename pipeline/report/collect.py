@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from raipack.report import chain, inputs
+from raipack.summary import summary
+from raipack.validate import validate
 
 
 def page_data(name: str, summary: dict, findings: list[dict], report: dict | None = None, bench: dict | None = None, evaluation: dict | None = None) -> dict:
@@ -37,8 +39,6 @@ def page_data(name: str, summary: dict, findings: list[dict], report: dict | Non
 def for_package(path: Path, bench_file: Path | None = None, eval_file: Path | None = None) -> dict:
     """The page data of any package: its report.json when raipack built it, validation and inspect tables,
     and bench.json / eval.json given or found beside it. Bad inputs raise before anything is written."""
-    from raipack.summary import summary
-    from raipack.validate import validate
 
     path = Path(path)
     found = {n: path / f"{n}.json" for n in ("report", "bench", "eval") if (path / f"{n}.json").is_file()}

@@ -9,6 +9,9 @@ from pathlib import Path
 from raipack.core.errors import UsageError
 from raipack.core.output import atomic_write_text
 from raipack.core.package import role_of
+from raipack.report import inputs
+from raipack.report.collect import for_package, page_data
+from raipack.summary import summary
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PAGE = "report.html.j2"
@@ -31,6 +34,7 @@ def render(data: dict) -> str:
         raise UsageError(f"cannot render the report: {why}", "install the report extra, or use report.json")
     import jinja2
 
+    # late: plots imports matplotlib, only when a page is rendered
     from raipack.report import plots
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True, undefined=jinja2.StrictUndefined,
@@ -58,9 +62,6 @@ def write_build_page(folder: Path, report: dict, findings: list, profile: str, w
         return None
     folder = Path(folder)
     try:
-        from raipack.report import inputs
-        from raipack.report.collect import page_data
-        from raipack.summary import summary
 
         summ = summary(folder, profile)
         evaluation = inputs.evaluation(folder / "eval.json") if (folder / "eval.json").is_file() else None  # the [eval] gate's chain
@@ -87,7 +88,6 @@ def write_report(package: Path, output: Path | None = None, bench: Path | None =
 
     The default never lands inside the package: from the package's own folder give -o. Every input is
     read and checked, and the page rendered, before anything is written."""
-    from raipack.report.collect import for_package
 
     why = available()
     if why:  # before reading anything: the light install has neither

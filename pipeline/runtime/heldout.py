@@ -6,6 +6,7 @@ so the number sits next to the export's `ppl_exported` in the build report."""
 
 from __future__ import annotations
 
+from raipack.data import heldout_text
 from raipack.runtime.ortloop import perplexity
 
 MAX_TOKENS = 256  # the export stage's [export].parity_tokens default (stages/export/stage.py)
@@ -13,7 +14,6 @@ MAX_TOKENS = 256  # the export stage's [export].parity_tokens default (stages/ex
 
 def heldout_ids(tokenizer, limit: int) -> list[int]:
     """The held-out text's first token ids, at most MAX_TOKENS and `limit`."""
-    from raipack.data import heldout_text
 
     return list(tokenizer(heldout_text())["input_ids"])[: min(MAX_TOKENS, limit)]
 

@@ -20,6 +20,9 @@ import os
 import sys
 from pathlib import Path
 
+from raipack.core.package import JsonError, Package
+from raipack.data import load_data
+from raipack.npu.genai import provider_names
 from raipack.npu.settings import INSTALL_ENV
 
 LIBRARIES = {"win32": "onnxruntime_providers_ryzenai.dll"}  # the provider library's name where it is not a Linux .so
@@ -66,8 +69,6 @@ def find_provider_library(untrusted=()) -> tuple[Path | None, str]:
 
 def package_problem(pkg: Path) -> str:
     """Why the package cannot be handed to onnxruntime-genai without loading something it names ("" if it can)."""
-    from raipack.core.package import JsonError, Package
-    from raipack.npu.genai import provider_names
 
     files = Package.scan(pkg)
     bad = [f for f in files.scan_findings if f.severity == "error"]
@@ -90,7 +91,6 @@ def package_problem(pkg: Path) -> str:
 
 def _evidence() -> tuple[list[str], list[str]]:
     """(device names that mean the NPU, log phrases that mean a CPU fallback), lower case."""
-    from raipack.data import load_data
 
     data = load_data("npu_evidence.json")
     return [v.lower() for v in data["npu_device_types"]["values"]], [v.lower() for v in data["fallback_log_patterns"]["values"]]

@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from raipack.core.env import OFFLINE
 from raipack.core.errors import RaipackError, UsageError
+from raipack.runtime.numerics import HONEST, ready
 
 # Unusual values in a package's files that the runtime's own checks did not name: still one sentence.
 LOAD_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, MemoryError, RecursionError)
@@ -48,8 +50,6 @@ class RunOptions:
 
 def answer(package: Path, prompt: str, opts: RunOptions) -> Answer:
     max_new_tokens, raw, threads, sdk_version, numerics = opts.max_new_tokens, opts.raw, opts.threads, opts.sdk_version, opts.numerics
-    from raipack.core.env import OFFLINE
-    from raipack.runtime.numerics import HONEST, ready
 
     ready([numerics], untrusted=(Path(package),))  # before anything loads: one sentence, exit 2 (1: a library from the package)
 
@@ -57,9 +57,10 @@ def answer(package: Path, prompt: str, opts: RunOptions) -> Answer:
     if not Path(package).is_dir():
         raise UsageError(f"{package} is not a package folder", "give the folder raipack build wrote (its last lines name it)")
     prompt = utf8_prompt(prompt)
+    # late: loads the tokenizer/onnxruntime helpers only when a package answers; tests stub chat.timed_generate
     from raipack.runtime.chat import chat_ids, load_tokenizer, timed_generate
-    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal
-    from raipack.runtime.trust import first_line
+    from raipack.runtime.reference import ReferenceRuntime, RuntimeRefusal  # late: as above
+    from raipack.runtime.trust import first_line  # late: as above
 
     try:
         try:

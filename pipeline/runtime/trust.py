@@ -19,7 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from raipack.core.errors import RaipackError
+from raipack.core.hashing import sha256_many
 from raipack.core.package import GRAPH_MAX_BYTES, JSON_MAX_BYTES, JsonError, Package, ReadError, role_of
+from raipack.core.schemas import errors
 
 WEIGHT_ROLES = ("npu_weights", "external_data", "npu_header", "graph", "metastate")  # must be listed, with their size
 HASHED_ROLES = ("external_data", "npu_header", "graph", "tokenizer", "chat_template")  # and these their sha256
@@ -87,7 +89,6 @@ class PackageFiles:
         except JsonError as exc:
             raise PackageError(f"{self.root / rel} {exc}", exc.hint or "rebuild the package") from None
         if schema:
-            from raipack.core.schemas import errors
 
             problems = errors(schema, doc)
             if problems:
@@ -136,7 +137,6 @@ class PackageFiles:
         return {posixpath.normpath(e["path"]): e for e in files}
 
     def _hash(self, todo: dict[Path, object]) -> None:
-        from raipack.core.hashing import sha256_many
 
         for path, digest in sorted(sha256_many(list(todo)).items()):
             if isinstance(digest, OSError):

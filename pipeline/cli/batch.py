@@ -27,9 +27,10 @@ def batch(matrix, fmt, output, **options):
     os.environ.update(OFFLINE)
     for key, value in THREADS.items():
         os.environ.setdefault(key, value)
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.batch import report
-    from raipack.batch.run import exit_code, run_batch
-    from raipack.core.output import atomic_write_text
+    from raipack.batch.run import exit_code, run_batch  # late: as above
+    from raipack.core.output import atomic_write_text  # late: as above
 
     def line(text: str) -> None:
         click.echo(text, err=True)

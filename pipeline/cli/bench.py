@@ -40,9 +40,10 @@ def bench_cmd(package, lengths, fmt, output, **measure):
          --numerics bfp16 without amd-quark
       3  the folder holds no model package
     """
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.benchmark import Runs, bench, make_plan, parse_lengths, parse_numerics
-    from raipack.benchmark.render import as_csv, as_json, as_text
-    from raipack.core.output import atomic_write_text
+    from raipack.benchmark.render import as_csv, as_json, as_text  # late: as above
+    from raipack.core.output import atomic_write_text  # late: as above
 
     asked = parse_lengths(lengths) if lengths is not None else None
     if measure["numerics"] is not None:  # not given: the device's numerics (raipack.benchmark.make_plan)

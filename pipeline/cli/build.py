@@ -39,6 +39,7 @@ from raipack.core.errors import UsageError
 @click.option("--verbose", "-v", is_flag=True, help="Also show the libraries' own output live (always kept in each stage's log.txt).")
 def build(**options):
     """Build a Ryzen AI NPU package (default: the example model, SmolLM2-135M-Instruct)."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.builder.request import run_build
 
     request = build_request(options)
@@ -50,8 +51,9 @@ STAGE_FLAGS = {"quantize": ("algorithm", "group_size", "num_samples", "seq_len",
 
 def build_request(options: dict):
     """The BuildRequest of the command's options (one keyword per option, as click passes them)."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.builder.request import BuildRequest
-    from raipack.builder.runner import BuildOptions
+    from raipack.builder.runner import BuildOptions  # late: as above
 
     group_size = options["group_size"]
     if group_size is not None and group_size != "auto":
@@ -71,7 +73,7 @@ def summary(result, mode: str) -> int:
     """Print where the package is and what to do with it (nothing in json mode); the exit code."""
     if mode == "json":
         return 0
-    from raipack.report.chain import chain_lines  # the command line imports its use cases when they run (start-up time)
+    from raipack.report.chain import chain_lines  # late: the command line imports its use cases when they run (start-up time)
 
     if result.package:
         click.echo(f"\npackage   {result.package}")

@@ -16,6 +16,7 @@ def cache():
 @cache.command("ls")
 def cache_ls():
     """List cached stage outputs."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.builder import cache as c
 
     rows = c.entries()
@@ -31,11 +32,13 @@ def cache_ls():
 @click.option("--stale", is_flag=True, help="Remove only the staging folders of builds that are gone (killed); keep every output and running builds.")
 def cache_clear(stage, stale):
     """Remove cached outputs (of one stage, or all)."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.builder import cache as c
 
     if stale:
         if stage:
             raise UsageError("cache clear --stale takes no STAGE: it sweeps the whole cache", "run `raipack cache clear --stale`, or `raipack cache clear STAGE` to remove that stage's outputs")
+        # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
         from raipack.builder.staging import sweep_cache
 
         gone = sweep_cache(c.cache_root())

@@ -41,12 +41,14 @@ def eval_cmd(target, tasks, chain, output, **request):
          --numerics bfp16 on a target that is not a package or without
          amd-quark; nothing is written
     """
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.core.output import atomic_write_text
-    from raipack.evaluation.run import Request, check_output, evaluate, numerics_table, parse_tasks, table
+    from raipack.evaluation.run import Request, check_output, evaluate, numerics_table, parse_tasks, table  # late: as above
 
     req = Request(parse_tasks(tasks), request["limit"], request["num_fewshot"], request["include_path"], request["numerics"])
     check_output(output)
     if chain:
+        # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
         from raipack.evaluation.chain import chain_table, run_chain, stage_outputs
 
         doc = run_chain(stage_outputs(target), req)

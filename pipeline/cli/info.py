@@ -14,6 +14,7 @@ from raipack.core.errors import UsageError
 @click.argument("name", required=False)
 def schemas(name):
     """List the JSON Schemas, or print one."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.core import schemas as s
 
     if name is None:
@@ -30,8 +31,9 @@ def schemas(name):
 @click.argument("ids", nargs=-1)
 def checks(ids):
     """List the checks with their ids, severities and docs."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.checks import load_all
-    from raipack.data import load_data
+    from raipack.data import load_data  # late: as above
 
     evidence = load_data("check_evidence.json")["rules"]
     specs = [s for s in load_all().values() if not ids or any(s.id.startswith(i) or s.name == i for i in ids)]
@@ -49,6 +51,7 @@ def checks(ids):
 @click.argument("profile_id", required=False)
 def profiles(profile_id):
     """List the profiles (package generations), or print one."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.npu import profile as p
 
     if profile_id:

@@ -31,8 +31,9 @@ def register(package, name, labels, config_dir, dry_run, allow_reference):
     Exit codes: 0 registered (or printed), 1 refused (a reference package, a failing package, a
     registry that is not a plain JSON object file: a FIFO, NaN, a duplicate key, ...; a config folder
     that cannot be created), 2 usage error, 3 no package at PACKAGE."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.core.textsafe import PATH_LIMIT, safe
-    from raipack.lemonade import register as do_register
+    from raipack.lemonade import register as do_register  # late: as above
 
     wanted = [label.strip() for value in labels for label in value.split(",") if label.strip()]
     reg = do_register(package, name, wanted, config=config_dir, dry_run=dry_run, allow_reference=allow_reference)

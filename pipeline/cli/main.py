@@ -22,6 +22,7 @@ def cli():
 
 
 def error(exc: RaipackError):
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.core.textsafe import safe
 
     click.echo(f"ERROR: {safe(str(exc), 2000)}", err=True)

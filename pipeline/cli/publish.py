@@ -31,6 +31,7 @@ def publish(package, repo_id, dry_run, private, revision, as_json):
     (no --repo, no huggingface_hub, no token), 3 no package at PACKAGE, 4 the Hub refused a request
     of the upload (HTTP 4xx: the token, the repository name), 5 the Hub could not be reached or
     failed during the upload (network, timeout, HTTP 429 or 5xx); as `raipack validate hf://...`."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.publish import as_text, upload, upload_plan
 
     plan = upload_plan(package, repo_id)

@@ -18,6 +18,7 @@ def report(path, output, bench, evaluation):
     """Write one self-contained HTML page about a package: build timeline, quality, speed, tiers, findings.
 
     Exit codes: 0 written (whatever the findings), 2 bad input or option, 3 PATH holds no package."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.report.page import write_report
 
     written = write_report(path, output, bench, evaluation)

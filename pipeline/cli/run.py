@@ -35,6 +35,7 @@ def run_cmd(package, prompt, **options):
       2  usage error: PACKAGE is not a folder, the prompt is not UTF-8 text,
          a bad option, --numerics bfp16 without amd-quark installed
     """
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.runtime.run import RunOptions, answer
 
     out = answer(package, prompt, RunOptions(**options))

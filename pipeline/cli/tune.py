@@ -23,8 +23,9 @@ from raipack.core.output import use_color
 @click.option("--platform", type=click.Choice(["linux"]), help="Make the file edits AMD documents for running the package's release on Linux (and list the setup they need).")
 def tune(package, dry_run, **settings):
     """Change a package's length settings in genai_config.json, consistently and safely."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.reporters import REPORTERS
-    from raipack.tune import apply, plan, revalidate
+    from raipack.tune import apply, plan, revalidate  # late: as above
 
     if settings["platform"]:
         if settings["max_length"] or settings["max_prompt"] or settings["chunk_size"]:
@@ -53,8 +54,9 @@ def tune(package, dry_run, **settings):
 
 
 def _linux(package, profile, dry_run):
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.reporters import REPORTERS
-    from raipack.tune_linux import apply_linux, plan_linux, revalidate_linux
+    from raipack.tune_linux import apply_linux, plan_linux, revalidate_linux  # late: as above
 
     p = plan_linux(package, profile)
     click.echo(f"Linux deployment of Ryzen AI {p.release} packages (profile {p.profile}; {p.source})")

@@ -51,6 +51,7 @@ def validate(paths, fmt, output, strict, strict_advice, **options):
 
     Exit codes: 0 clean, 1 error findings, 2 usage error, 3 nothing to validate, 4 the Hub refused the repository
     (missing, private, gated, no such revision), 5 the Hub could not be asked (network, rate limit)."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.reporters import REPORTERS
 
     outcomes, table = _outcomes(list(paths), options)
@@ -92,12 +93,12 @@ def _outcomes(paths: list, options: dict):
         return _validate_all(paths, options), None
     if paths or options["hf_cache"]:
         raise UsageError("--lemonade validates the models lemonade knows; it takes no PATH and no --hf-cache", "run raipack validate twice")
-    from raipack import lemonade_models as lm  # start-up time: the use cases are imported when a command uses them
+    from raipack import lemonade_models as lm  # late: start-up time: the use cases are imported when a command uses them
 
     found = lm.locate(lm.models(registry, config), lm.models_dir(config))
     rows = lm.validate_models(found, options["jobs"] or 1, select=_ids(options["select"]), ignore=_ids(options["ignore"]),
                               verify_hashes=options["verify_hashes"], platform=options["platform"])
-    from raipack.validate import for_destination  # start-up time (as above)
+    from raipack.validate import for_destination  # late: start-up time (as above)
 
     outcomes = for_destination([outcome for _, outcome in rows], options["destination"])
     return outcomes, lm.table([(model, outcome) for (model, _), outcome in zip(rows, outcomes)])
@@ -105,6 +106,7 @@ def _outcomes(paths: list, options: dict):
 
 def _validate_all(paths, options: dict):
     """Every outcome of validate_all for the command's selection and executor options."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.validate import for_destination, validate_all
 
     address, executor = options["address"], options["executor"]
@@ -124,7 +126,7 @@ def _cache_roots(options: dict) -> list[str]:
     """--hf-cache: the cache folder huggingface_hub uses here."""
     if not options.pop("hf_cache"):
         return []
-    from raipack.places.hfcache import default_root  # the hub extra, only for --hf-cache
+    from raipack.places.hfcache import default_root  # late: the hub extra, only for --hf-cache
 
     root = default_root()
     if not root.is_dir():
@@ -134,6 +136,7 @@ def _cache_roots(options: dict) -> list[str]:
 
 def _ray_executor(address):
     """Imported only for --executor ray: the light install has no ray."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.batch.ray_executor import RayExecutor
 
     return RayExecutor(address=address)
@@ -145,8 +148,9 @@ def _ray_executor(address):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def inspect(path, profile, as_json):
     """Summarise a package: profile, files, quantization, options, buckets, limits."""
+    # late: start-up time — raipack --help imports every command module; a command loads its use case when it runs
     from raipack.core.textsafe import safe_tree
-    from raipack.summary import render, summary
+    from raipack.summary import render, summary  # late: as above
 
     data = summary(path, profile)
     if as_json:

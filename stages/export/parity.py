@@ -97,6 +97,7 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(int(threads))
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.quark_import import import_quark
 
     import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock

@@ -26,9 +26,10 @@ class ExportConfig:
 
 
 def run(job: Job) -> dict:
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.data import heldout_text
-    from raipack.stages.export.builder import export
-    from raipack.stages.export.parity import parity
+    from raipack.stages.export.builder import export  # late: as above
+    from raipack.stages.export.parity import parity  # late: as above
 
     cfg: ExportConfig = job.config
     quark = job.inputs["quantize"]
@@ -41,6 +42,7 @@ def run(job: Job) -> dict:
     if cfg.parity:
         import gc
 
+        # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
         from raipack.runtime.heap import trim_heap
 
         gc.collect()

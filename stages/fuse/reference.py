@@ -156,6 +156,7 @@ def _prepare(export_dir: Path, quark_dir: Path | None, profile: Profile, progres
     if not is_power_of_two(npu_seq):
         run.findings.append(Finding("fuse-lengths", "error", "genai_config.json", f"the largest prefill tier {npu_seq} is not a power of two, but hybrid_opt_max_seq_length must be",
                                     "make the profile's largest prefill tier a power of two", "/model/decoder/session_options"))
+    # late: fuse.graph loads onnx and numpy, only when the reference fuse runs
     from raipack.stages.fuse.graph import Constraints, fuse_graph
 
     try:
@@ -237,6 +238,7 @@ def _write_cpu_data(names, inits: dict, src: _Source, path: Path) -> int:
 
 def _write_header(run: FuseRun, entries: dict, stage: Path) -> list[dict]:
     """model.pb.bin, the header indexing model.bin; returns its operators."""
+    # late: fuse.graph loads onnx and numpy, only when the reference fuse runs
     from raipack.stages.fuse.graph import DOMAIN
 
     fg, profile, L, names = run.fg, run.profile, run.L, run.names
@@ -264,6 +266,7 @@ def _write_header(run: FuseRun, entries: dict, stage: Path) -> list[dict]:
 
 def _write_cache(run: FuseRun, operators: list[dict], stage: Path) -> None:
     """cache/: a descriptor (.const) and a meta file per fused node."""
+    # late: fuse.graph loads onnx and numpy, only when the reference fuse runs
     from raipack.stages.fuse.graph import attr_value
 
     cache = stage / "cache"

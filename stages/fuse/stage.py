@@ -28,12 +28,14 @@ class FuseConfig:
 
 def reference_profile(target: Profile) -> str:
     """raipack's own package profile for a release target: the reference profile that extends it."""
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.npu import profile as profiles
 
     return profiles.reference_for(target).id
 
 
 def choose_backend(requested: str) -> tuple[str, str]:
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.fuse.sdk import find_module, find_tool
 
     if requested != "auto":
@@ -50,6 +52,7 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def run(job: Job) -> dict:
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.npu import profile as profiles
 
     backend, why = choose_backend(job.config.backend)
@@ -57,12 +60,14 @@ def run(job: Job) -> dict:
     export = job.inputs["export"]
     quark = job.inputs.get("quantize")
     if backend == "ryzenai-sdk":
+        # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
         from raipack.stages.fuse.sdk import call_settings, generate
 
         given = job.inputs.get(call_settings(job.profile, job.config)["input"]) or export  # hybrid: the Quark folder (AMD's flow exports for DirectML itself)
         report = generate(job.profile, given, job.workdir, job.config, untrusted=[p for p in job.inputs.values() if p])
         report["manifest_kind"] = SDK_KIND  # AMD's formats: not a package whose NPU files raipack wrote (the reference profiles' marker)
     else:
+        # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
         from raipack.stages.fuse.reference import fuse
 
         report = fuse(export, job.workdir, profiles.get(reference_profile(job.profile)), quark_dir=quark, progress=job.progress.callback("fuse"))
@@ -89,6 +94,7 @@ def preflight(config: FuseConfig, target: Profile) -> None:
             raise UsageError(f"[fuse] {config.sdk_options()[0]} is an option of AMD's model_generate (the ryzenai-sdk backend); the reference backend writes the target profile's layout and takes none",
                              "remove it from the recipe, or build with --backend ryzenai-sdk on a machine with the Ryzen AI SDK")
         return
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.fuse.sdk import call_settings
 
     call_settings(target, config)

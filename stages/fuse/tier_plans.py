@@ -66,6 +66,7 @@ def _plan_io(run: FuseRun) -> dict:
 
 def write_schedule(run: FuseRun, stage: Path, phase: str):
     """The schedule every tier of `phase` shares; returns it prepared and {file, sha256} for the plans."""
+    # late: fuse.graph loads onnx and numpy, only when a schedule is written
     from raipack.stages.fuse.graph import ShapeError, static_schedule
 
     fg, kvh, hs = run.fg, run.dims["kv_heads"], run.dims["head_size"]

@@ -31,6 +31,7 @@ def load_hf(model_dir: Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
     kwargs: dict[str, Any] = {"trust_remote_code": False, "local_files_only": True, "dtype": getattr(torch, dtype)}
     if quant == "quark":  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
+        # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
         from raipack.stages.quark_import import import_quark
 
         import_quark()

@@ -205,6 +205,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
     # before quark is imported: some of its switches are read at import time
     runtime = apply_runtime_settings() if opts.tune_runtime and device == "cpu" else {}
     try:  # the allocator tuning ends with this call, also a failed one
+        # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
         from raipack.stages.quark_import import import_quark
 
         import_quark(**({"say": notify} if notify else {}))  # never hangs on a killed build's compile lock
@@ -312,6 +313,7 @@ def _calibration(src_dir: Path, opts: QuantizeSettings) -> tuple[_CalibrationBat
     calib_texts, num_samples, seq_len = opts.calib_texts, opts.num_samples, opts.seq_len
     from transformers import AutoTokenizer
 
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.quantize.calibration import DEFAULT_CALIBRATION, read_texts, tokenize_texts
 
     tokenizer = AutoTokenizer.from_pretrained(str(src_dir), trust_remote_code=False, local_files_only=True)
@@ -363,6 +365,7 @@ def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: 
     import torch
     from quark.torch import ModelQuantizer, export_safetensors
 
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.core.output import output_folder
 
     with output_folder(out_dir) as tmp:

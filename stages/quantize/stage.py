@@ -36,9 +36,10 @@ class QuantizeConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.data import heldout_text
-    from raipack.stages.quantize.calibration import read_texts
-    from raipack.stages.quantize.quark_awq import quantize
+    from raipack.stages.quantize.calibration import read_texts  # late: as above
+    from raipack.stages.quantize.quark_awq import quantize  # late: as above
 
     cfg: QuantizeConfig = job.config
     if isinstance(cfg.group_size, str) and cfg.group_size != "auto":
@@ -83,10 +84,11 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     (Quark's modules dequantize on every call: the greedy decode was most of the probes' time)."""
     import time
 
+    # late: the registry imports every stage by name, so torch/quark load only when measuring; tests stub heap.trim_heap, quality.greedy_answer
     from raipack.runtime.heap import trim_heap
-    from raipack.runtime.quark_hf import dequantize_once
-    from raipack.stages.quantize.owned import own_mapped_tensors
-    from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity
+    from raipack.runtime.quark_hf import dequantize_once  # late: as above
+    from raipack.stages.quantize.owned import own_mapped_tensors  # late: as above
+    from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity  # late: as above
 
     t0 = time.perf_counter()
     out = {}
@@ -117,6 +119,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
 
 def preflight(config: QuantizeConfig, target: Profile) -> None:
     """Refuse a bad [quantize].lm_head before any stage runs (its width is checked against the model in the stage)."""
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.quantize.preflight import resolve_lm_head
 
     resolve_lm_head({}, config.lm_head)
@@ -125,8 +128,9 @@ def preflight(config: QuantizeConfig, target: Profile) -> None:
 def memory(config: QuantizeConfig, model_config: dict | None, target: Profile) -> MemoryEstimate:
     """The estimate from config.json and the options (stages/quantize/memory.py); the runner refuses the stage
     before it loads anything when it exceeds the free memory. No config.json: ValueError (the registry's allowance)."""
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.quantize.memory import stage_estimate
-    from raipack.stages.quantize.preflight import resolve_dtype
+    from raipack.stages.quantize.preflight import resolve_dtype  # late: as above
 
     if model_config is None:
         raise ValueError("no config.json to estimate from")

@@ -44,7 +44,7 @@ def numerics_of(cfg, profile, report: dict) -> str:
 
 def float_perplexity(report: dict, runtime, tok, progress) -> list[int]:
     """The package's held-out perplexity in float (the export's window); the window's ids, [] when too short."""
-    from raipack.runtime.heldout import heldout_ids, package_perplexity  # the stage's modules load with the runner: heavy imports wait
+    from raipack.runtime.heldout import heldout_ids, package_perplexity  # late: the stage's modules load with the runner: heavy imports wait
 
     ids = heldout_ids(tok, runtime.max_length - 1)
     if len(ids) < 2:
@@ -61,9 +61,11 @@ def device_run(report: dict, pkg: Path, tok, prompts: tuple[list[int], list[int]
     the float one), and its held-out perplexity when `prompts` (the fixed prompt, the window) has a window."""
     numerics = report["numerics"]
     fixed, ids = prompts
-    from raipack.runtime.heldout import package_perplexity  # heavy imports wait for the run (see above)
+    from raipack.runtime.heldout import package_perplexity  # late: heavy imports wait for the run (see above)
+
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.numerics import HONEST
-    from raipack.runtime.reference import ReferenceRuntime
+    from raipack.runtime.reference import ReferenceRuntime  # late: as above
 
     runtime = ReferenceRuntime(pkg, threads=cfg.threads, numerics=numerics)
     with progress.task(f"{numerics.upper()} numerics (predicted on the device)", 1 + bool(ids)) as advance:

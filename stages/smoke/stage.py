@@ -77,9 +77,10 @@ def run(job: Job) -> dict:
     import gc
     import time
 
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib
-    from raipack.runtime.reference import ReferenceRuntime
-    from raipack.stages.smoke.npu import try_npu
+    from raipack.runtime.reference import ReferenceRuntime  # late: as above
+    from raipack.stages.smoke.npu import try_npu  # late: as above
 
     cfg: SmokeConfig = job.config
     pkg, export = job.inputs["fuse"], job.inputs["export"]
@@ -151,8 +152,9 @@ class PackageRuns(NamedTuple):
 def _run_package(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig, progress) -> PackageRuns:
     """The package answers the fixed prompt and one prompt per prefill tier, the NPU runtime's way, and must
     refuse a prompt over its limit."""
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.chat import timed_generate
-    from raipack.runtime.reference import RuntimeRefusal
+    from raipack.runtime.reference import RuntimeRefusal  # late: as above
 
     cold = timed_generate(runtime, fixed, 1, stop_at_eos=False)  # the warm-up: the first call pays onnxruntime's first run
     report["ttft_cold_s"] = round(cold.ttft, 4)
@@ -185,6 +187,7 @@ def _run_package(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig,
 def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads: int | None) -> None:
     """The export's greedy choices along the package's tokens: the fixed prompt in two calls, every tier from one
     prefill of the longest prompt (OrtDecoder.forced); each tier record gets `tokens_match_export` for its tokens."""
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.ortloop import OrtDecoder
 
     reference = OrtDecoder(export, threads=threads, logits_rows=True)  # the lm_head computes the compared rows only

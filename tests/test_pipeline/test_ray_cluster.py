@@ -56,15 +56,17 @@ class Cluster:
         self.address = f"127.0.0.1:{self.port}"
         self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.starts: dict[str, int] = {}
 
     def env(self, name: str) -> dict:
         return {**os.environ, **self.auth, **FAST_DEATH, NODE_ENV: name, "RAY_USAGE_STATS_ENABLED": "0",
                 "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS / "test_pipeline")])}  # the fake stages, this module
 
     def start(self, name: str, *args: str) -> None:
-        log = open(self.base / f"{name}.log", "w")  # the node writes it while it lives
+        log = open(self.base / f"{name}.log", "a")  # the node writes it while it lives
+        self.starts[name] = self.starts.get(name, 0) + 1
         cmd = [str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
-               f"--temp-dir={self.base / name}", *args]
+               f"--temp-dir={self.base / f'{name}-{self.starts[name]}'}", *args]
         self.nodes[name] = subprocess.Popen(cmd, env=self.env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start_head(self) -> None:
@@ -82,10 +84,20 @@ class Cluster:
         self.start(name, f"--address={self.address}", '--resources={"worker": 1}')
 
     def wait_nodes(self, n: int) -> None:
+        """Wait until n nodes are alive. A node whose `ray start --block` ended (its raylet died while it
+        started: a CI run once saw the worker's raylet abort in its NodeManager) is started again, once."""
         import ray
 
-        deadline = time.monotonic() + 60
+        deadline, restarted = time.monotonic() + 60, set()
         while sum(1 for node in ray.nodes() if node["Alive"]) < n:
+            for name, proc in list(self.nodes.items()):
+                if proc.poll() is not None:
+                    log = (self.base / f"{name}.log").read_text(errors="replace")[-2000:]
+                    assert name not in restarted and name != "head", f"the Ray node {name!r} ended twice:\n{log}"
+                    print(f"the Ray node {name!r} ended (exit {proc.returncode}); starting it again:\n{log}")
+                    restarted.add(name)
+                    self.nodes.pop(name)
+                    self.start_worker(name)
             assert time.monotonic() < deadline, f"the cluster has not {n} live nodes"
             time.sleep(0.1)
 
@@ -129,6 +141,7 @@ def cluster():
         c.start_worker()
         yield c
     finally:
+        disconnect()  # first: a driver whose raylet dies exits its process, and that would be this xdist worker
         c.stop()
         for k, v in saved.items():
             if v is None:
@@ -138,11 +151,22 @@ def cluster():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def connected(cluster: Cluster, nodes: int, cache_root=None):
     from raipack.batch.ray_executor import RayExecutor
 
     ex = RayExecutor(cluster.address, cache_root=cache_root)
-    cluster.wait_nodes(nodes)
+    try:
+        cluster.wait_nodes(nodes)
+    except BaseException:
+        ex.shutdown()  # a driver left connected would go down with the cluster, and this process with it
+        raise
     return ex
 
 

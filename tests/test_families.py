@@ -108,7 +108,7 @@ def matches_export(result, pkg: Path, prompt: list[int], new: int = 12):
     from raipack.runtime.reference import ReferenceRuntime
 
     rt = ReferenceRuntime(pkg, threads=2)
-    want, _ = OrtDecoder(Path(stage(result, "export").path), threads=2).greedy(prompt, new, chunk_size=rt.chunk_size if rt.chunked else None)
+    want, _ = OrtDecoder(Path(stage(result, "export").path), threads=2, logits_rows=True).greedy(prompt, new, chunk_size=rt.chunk_size if rt.chunked else None)
     return list(rt.generate(prompt, new)), list(want), rt
 
 

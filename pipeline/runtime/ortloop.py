@@ -130,7 +130,8 @@ class OrtDecoder:
 
         If the graph prunes its lm_head to the last position, the rows it does not return are NaN.
         With `last_only` only the last position's row is kept ([1, V]): a 5000-token prompt's rows
-        are 2.6 GB at a 128K vocabulary, and greedy decoding reads one.
+        are 2.6 GB at a 128K vocabulary, and greedy decoding reads one; a decoder made with `logits_rows`
+        does not compute the others.
         """
         ids = np.asarray(input_ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
@@ -140,7 +141,10 @@ class OrtDecoder:
         rows = []
         for start in range(0, ids.size, step):
             chunk = ids[start : start + step]
-            logits, past = self.forward(chunk[None, :], past)
+            if last_only and self.logits_rows:  # each call computes its last row only (the lm_head of one position)
+                logits, past = self.forward(chunk[None, :], past, [chunk.size - 1])
+            else:
+                logits, past = self.forward(chunk[None, :], past)
             if last_only:
                 rows = [np.array(logits[0, -1:], dtype=np.float32)]  # a copy: the call's output is freed
                 continue

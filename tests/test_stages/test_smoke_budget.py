@@ -61,6 +61,19 @@ def test_a_decoder_with_logits_rows_computes_only_the_rows_asked_for(dec):
     assert sizes == [1, 1, 1, 3, 3]  # row 0; none asked in the second chunk of 256 (one computed, unread); row 699; each branch's three tokens
 
 
+def test_greedy_on_a_decoder_with_logits_rows_computes_each_prefill_calls_last_row_only(dec):
+    """greedy() reads the prompt's last row: with logits_rows each prefill call computes that one row (a 5000-token
+    prompt's rows are 2.6 GB at a 128K vocabulary), and the tokens and the rows they were chosen from are the same."""
+    rows = OrtDecoder(reference_export()[0], threads=1, logits_rows=True)
+    want, want_rows = dec.greedy(PROMPT, 5, chunk_size=256)
+    sizes = []
+    forward = rows.forward
+    rows.forward = lambda ids, past, which=None: (lambda out: (sizes.append(out[0].shape[1]), out)[1])(forward(ids, past, which))
+    got, got_rows = rows.greedy(PROMPT, 5, chunk_size=256)
+    assert got == want and all(np.allclose(a, b, atol=1e-4) for a, b in zip(got_rows, want_rows))
+    assert sizes == [1, 1, 1, 1, 1, 1, 1]  # three prefill calls (256, 256, 188 positions), then four decode steps
+
+
 def test_forced_names_the_first_token_greedy_would_change(dec):
     want = dec.greedy(PROMPT[:40], 5)[0]
     changed = list(want)

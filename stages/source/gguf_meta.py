@@ -19,23 +19,19 @@ FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  #
 STRING, ARRAY = 8, 9
 
 
-class Unreadable(Exception):
-    """Not a layout this walk reads."""
-
-
 def string_field(path: Path, key: str) -> str | None:
     """The string value of `key`, "" when the key is absent or not a string; None when the layout is
     not one this walk reads (the caller then uses gguf's own reader)."""
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _walk(buf, key.encode("utf-8"))
-    except (OSError, ValueError, Unreadable, struct.error, RecursionError):
+    except (OSError, ValueError, struct.error, RecursionError):  # ValueError: not a layout this walk reads
         return None
 
 
 def _walk(buf, want: bytes) -> str:
     if buf[:4] != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] not in (2, 3):
-        raise Unreadable
+        raise ValueError
     count = struct.unpack_from("<Q", buf, 16)[0]
     pos = 24
     for _ in range(count):
@@ -52,7 +48,7 @@ def _string(buf, pos: int) -> tuple[bytes, int]:
     n = struct.unpack_from("<Q", buf, pos)[0]
     end = pos + 8 + n
     if end > len(buf):
-        raise Unreadable
+        raise ValueError
     return bytes(buf[pos + 8 : end]), end
 
 
@@ -62,7 +58,7 @@ def _skip(buf, pos: int, kind: int) -> int:
     if kind == STRING:
         return _string(buf, pos)[1]
     if kind != ARRAY:
-        raise Unreadable
+        raise ValueError
     elem, n = struct.unpack_from("<IQ", buf, pos)
     pos += 12
     if elem in FIXED:
@@ -70,5 +66,5 @@ def _skip(buf, pos: int, kind: int) -> int:
     for _ in range(n):
         pos = _skip(buf, pos, elem)
         if pos > len(buf):
-            raise Unreadable
+            raise ValueError
     return pos

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -44,10 +45,13 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+import page_cache  # noqa: E402  (bench/, on the path just above)
+
 PY = sys.executable
 GIB = 1 << 30
 
 # The published config.json of each model (token ids are the tokenizer's, see write_model)
+WEIGHTS = {".safetensors", ".onnx", ".data", ".bin"}  # the files a stage reads that the page cache may hold
 MODELS = {k: v for k, v in json.loads((HERE / "real_models.json").read_text()).items() if not k.startswith("_")}
 LLAMA_32_1B = MODELS["llama-3.2-1b"]
 TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -240,23 +244,36 @@ def write_recipe(model: Path, algorithm: str, out_root: Path, tmp: Path, smoke_m
     return recipe
 
 
-def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dict, on_row=None, first: str | None = None) -> list[dict]:
+class Plan(NamedTuple):
+    first: str | None = None  # measure from this stage on (the earlier ones are cache hits)
+    cold: bool = False  # drop the page cache before each stage (bench/page_cache.py)
+
+
+WARM_FROM_START = Plan()
+
+
+def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dict, on_row=None, plan: Plan = WARM_FROM_START) -> list[dict]:
     """Each stage of `raipack build BUILD_ARGS` (the recipe and flags) in a process of its own (`--until STAGE`; the earlier ones are cache hits),
-    from stage `first` on when given; `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows), the last
-    stage built when it returns True. The work folder is `out_root`'s parent."""
+    from stage `plan.first` on when given; `on_row(row)` after each (the result file is kept current: an interrupted run keeps its rows), the
+    last stage built when it returns True. The work folder is `out_root`'s parent. With `plan.cold` the page cache is dropped before each
+    stage; each row says which it was, and how much of the work folder's weights were resident as it started."""
     from raipack.builder import stages
 
     tmp = out_root.parent
+    first, cold = plan
     rows = []
     names = [n for n in stages.order() if stages.get(n).kind != stages.MODEL_KIND]  # the model folder stands in for the source stage
     for name in names[names.index(first) if first else 0:]:
+        cache = page_cache.prepare(cold, [p for p in tmp.rglob("*") if p.suffix in WEIGHTS and p.is_file()])
+        if cache["cache"] == "warm" and cold:
+            print(f"  {name}: {cache['cache_note']}", flush=True)
         run = measured(["build", *build_args, "--until", name, "--json-log"], env, tmp)
         event = next((e for e in _events(run["stderr"]) if e.get("event") == "stage" and e.get("stage") == name), {})
         report = stage_report(out_root, name) if run["rc"] == 0 else {}
         memory = report.get("memory") or {}
         row = {"algorithm": algorithm, "stage": name, "status": event.get("status", "failed"), "stage_s": event.get("seconds"),
                "process_s": round(run["wall_s"], 1), "cpu_s": run["cpu_s"], "peak_rss": run["peak_rss"], "peak_anon": run["peak_anon"],
-               "estimate": memory.get("estimate_bytes"), "available": memory.get("available_bytes"), "memory_ignored": bool(memory.get("ignored")), "tool_s": tool_seconds(name, report), "checks_s": checks_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"]}
+               "estimate": memory.get("estimate_bytes"), "available": memory.get("available_bytes"), "memory_ignored": bool(memory.get("ignored")), "tool_s": tool_seconds(name, report), "checks_s": checks_seconds(name, report), "summary": report.get("summary", ""), "rc": run["rc"], **cache}
         rows.append(row)
         print(_stage_line(row), flush=True)
         stop = on_row(row) if on_row is not None else False
@@ -351,13 +368,13 @@ def _gib(n: int | None) -> str:
 
 def table(result: dict) -> str:
     """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size_<model>.json."""
-    lines = ["| quantization | stage | status | stage s | process s | CPU s | bare tool s | stage / tool | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | estimate / peak | stage summary |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| quantization | stage | status | page cache | stage s | process s | CPU s | bare tool s | stage / tool | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | estimate / peak | stage summary |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(result["rows"], key=lambda r: (r["algorithm"] != "rtn", r["algorithm"], _stage_index(r["stage"]))):
         tool, checks, stage_s = r.get("tool_s"), r.get("checks_s"), r["stage_s"]
         ratio = f"{stage_s / tool:.2f}x" if tool and stage_s else "–"
         fit = f"{r['estimate'] / r['peak_rss']:.2f}x" if r.get("estimate") and r.get("peak_rss") else "–"
-        lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {stage_s if stage_s is not None else '–'} | {r['process_s']} | "
+        lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {r.get('cache', 'warm (not recorded)')} | {stage_s if stage_s is not None else '–'} | {r['process_s']} | "
                      f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {ratio} | {checks if checks is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | "
                      f"{_gib(r['estimate'])} | {fit} | {r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
     lines += ["", "| quantization | validate (whole process) | `python -c \"import onnx, jsonschema\"` | ratio | exit | decode, reference runtime | onnxruntime-genai on the export | ratio | `raipack run` |",
@@ -380,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke-max-tier", type=int, help="[smoke] max_tier for the build (default: the stage's)")
     ap.add_argument("--ignore-memory", action="store_true",
                     help="pass --ignore-memory to raipack build: run a stage its estimate refuses, to measure the peak the estimate is judged by")
+    ap.add_argument("--warm", action="store_true",
+                    help="keep the page cache between stages (default: dropped before each stage, as root; a user's first build reads its model from disk)")
     ap.add_argument("--until", metavar="STAGE", help="build the stages up to this one only (quantize, export, fuse or smoke), without the package rows")
     ap.add_argument("--from", dest="first", metavar="STAGE", choices=("quantize", "export", "fuse", "smoke"),
                     help="measure the stages from this one on (with --keep: the earlier ones are cache hits of an earlier run, whose rows are kept)")
@@ -434,7 +453,7 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
         recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
         build_args = ["--recipe", str(recipe), *(["--ignore-memory"] if args.ignore_memory else [])]
         rows = build_stages(build_args, algorithm, out_root, env, on_row=lambda row: (result["rows"].append(row), save(result, target), row["stage"] == args.until)[-1],
-                            first=args.first)
+                            plan=Plan(args.first, cold=not getattr(args, "warm", False)))
         if args.until:
             continue
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]

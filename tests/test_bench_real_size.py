@@ -81,18 +81,19 @@ def test_failed_stage_row_keeps_the_error(tmp_path, monkeypatch):
     recipe = real_size.write_recipe(model, "rtn", tmp_path / "out", tmp_path, None)
     rows = real_size.build_stages(["--recipe", str(recipe)], "rtn", tmp_path / "out", {**os.environ, "RAIPACK_CACHE": str(tmp_path / "cache")})
     assert len(rows) == 1 and rows[0]["rc"] == 2 and rows[0]["status"] == "failed"
+    assert rows[0]["cache"] == "warm" and rows[0]["resident_bytes"] == 0  # cold is main's default; no weights in the work folder
     assert "safetensors" in rows[0]["error"]
 
 
 def test_table_shows_each_stage_and_the_package_rows():
-    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "stage_s": 61.5, "process_s": 80.2, "cpu_s": 75.0, "tool_s": 40.5, "checks_s": 9.5,
+    row = {"algorithm": "rtn", "stage": "quantize", "status": "built", "cache": "cold", "stage_s": 61.5, "process_s": 80.2, "cpu_s": 75.0, "tool_s": 40.5, "checks_s": 9.5,
            "peak_rss": 3 << 30, "peak_anon": 2 << 30, "estimate": 5 << 29, "summary": "rtn uint4 g128", "rc": 0}
     failed = {**row, "stage": "export", "status": "failed", "stage_s": None, "tool_s": None, "checks_s": None, "estimate": None, "summary": "", "rc": 1, "error": "log\nERROR: parity failed"}
     pkg = {"validate": {"validate_s": 0.41, "imports_s": 0.2, "ratio": 2.05, "rc": 0, "files": 180, "bytes": 3 << 30},
            "decode": {"reference_tps": 12.0, "oga_tps": 10.0, "ratio": 1.2, "run_s": 9.0, "run_peak_rss": 1 << 30, "run_stats": "[cpu-reference] 64 tokens"}}
     text = real_size.table({"rows": [row, failed], "packages": {"rtn": pkg}})
-    assert "| rtn | quantize | built | 61.5 | 80.2 | 75.0 | 40.5 | 1.52x | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | 0.83x | rtn uint4 g128 |" in text
-    assert "| rtn | export | failed | – |" in text and "| 75.0 | – | – | – | " in text and "ERROR: parity failed" in text
+    assert "| rtn | quantize | built | cold | 61.5 | 80.2 | 75.0 | 40.5 | 1.52x | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | 0.83x | rtn uint4 g128 |" in text
+    assert "| rtn | export | failed | cold | – |" in text and "| 75.0 | – | – | – | " in text and "ERROR: parity failed" in text
     awq = real_size.table({"rows": [{**row, "algorithm": "awq"}, failed, row], "packages": {}})
     assert [line.split("|")[1:3] for line in awq.splitlines()[2:5]] == [[" rtn ", " quantize "], [" rtn ", " export "], [" awq ", " quantize "]]  # RTN first, stages in order
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text
@@ -108,8 +109,9 @@ def _rerun(tmp_path, monkeypatch, earlier: dict, first: str, until: str) -> tupl
     (tmp_path / "out" / "real_size_llama-3.2-1b.json").write_text(json.dumps(earlier))
     seen = {}
 
-    def fake_build(build_args, algorithm, out_root, env, on_row=None, first=None):
-        seen["first"] = first
+    def fake_build(build_args, algorithm, out_root, env, on_row=None, plan=real_size.WARM_FROM_START):
+        first = seen["first"] = plan.first
+        seen["cold"] = plan.cold
         row = {"algorithm": algorithm, "stage": first, "status": "built", "rc": 0, "new": True}
         on_row(row)
         return [row]
@@ -128,7 +130,7 @@ def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, mon
     old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
     doc, seen = _rerun(tmp_path, monkeypatch, {"rows": [*old, {"algorithm": "awq", "stage": "smoke", "rc": 0}], "packages": {}}, "smoke", "smoke")
     rows = doc["rows"]
-    assert seen["first"] == "smoke"
+    assert seen["first"] == "smoke" and seen["cold"] is True  # each stage measured cold unless --warm
     assert [(r["algorithm"], r["stage"], r.get("new", False)) for r in rows] == [
         ("rtn", "quantize", False), ("rtn", "export", False), ("rtn", "fuse", False), ("awq", "smoke", False), ("rtn", "smoke", True)]
     with pytest.raises(SystemExit):  # a stage name it does not know is a usage error, not a traceback
@@ -141,3 +143,28 @@ def test_from_and_until_one_stage_measure_it_again_and_keep_every_other_row(tmp_
     doc, _ = _rerun(tmp_path, monkeypatch, {"rows": old, "packages": {"rtn": {"validate": {"rc": 0}}}}, "quantize", "quantize")
     assert sorted((r["stage"], r.get("new", False)) for r in doc["rows"]) == [("export", False), ("fuse", False), ("quantize", True), ("smoke", False)]
     assert doc["packages"] == {"rtn": {"validate": {"rc": 0}}}
+
+
+def test_a_user_who_cannot_drop_the_page_cache_gets_a_warm_row_that_says_why(tmp_path):
+    """Issue 41: a stage is measured cold only when the cache was dropped; otherwise the row says warm and why."""
+    import page_cache
+
+    control = tmp_path / "ro" / "drop_caches"  # a control file that cannot be opened for writing, as for a user who is not root
+    state = page_cache.prepare(True, [], control)
+    assert state["cache"] == "warm" and str(control) in state["cache_note"] and "only root" in state["cache_note"]
+    assert page_cache.prepare(False, [])["cache"] == "warm"
+
+
+def test_cold_means_the_files_left_the_page_cache(tmp_path):
+    """The real drop, where this user may write /proc/sys/vm/drop_caches (root): a file just written and read is
+    resident before and not after, as util-linux's fincore counts it."""
+    import page_cache
+
+    if not os.access(page_cache.DROP_CACHES, os.W_OK):
+        pytest.skip(f"{page_cache.DROP_CACHES} is not writable by this user (not root): the drop itself cannot be shown; its refusal is tested above")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(os.urandom(8 << 20))
+    weights.read_bytes()
+    assert page_cache.resident_bytes([weights]) > 4 << 20
+    state = page_cache.prepare(True, [weights])
+    assert state["cache"] == "cold" and state["resident_bytes"] < 1 << 20, state

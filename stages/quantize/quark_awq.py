@@ -160,6 +160,9 @@ class QuantizeSettings:
     tune_runtime: bool = True
     notify: Callable[[str], None] | None = None
     lm_head: LmHead = "exclude"
+    # run on the float model as loaded, before Quark changes it (the stage's source probe: the source is read from disk
+    # once); what it returns is the record's "source_probe", its time not counted in seconds_load
+    before: Callable[[Any], dict] | None = None
 
 
 @dataclass
@@ -216,11 +219,12 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
         t_load = time.perf_counter()
         batches, calibration = _calibration(src_dir, opts)
         model, owned = _load_model(src_dir, dtype, device, quantize_head=head != "exclude")
+        load_seconds = time.perf_counter() - t_load
+        source_probe = opts.before(model) if opts.before is not None else None
         untied = head != "exclude" and _untie_lm_head(model)
         if untied:
             warns.append("lm_head shares its weights with the token embedding; it is quantized as its own copy and the embedding stays float "
                          "(the export says tie_word_embeddings false and carries both tables)")
-        load_seconds = time.perf_counter() - t_load
 
         def awq_record(scaled: list) -> dict:  # before the export: AWQ that scaled nothing writes nothing
             configured = awq_groups.configured_groups(model_type, qconfig.algo_config[0])
@@ -257,6 +261,7 @@ def quantize(src_dir: Path, out_dir: Path, settings: QuantizeSettings | None = N
             "warnings": warns,
             "seconds": round(time.perf_counter() - start, 2),
             "seconds_load": round(load_seconds, 2),
+            **({"source_probe": source_probe} if source_probe is not None else {}),
             "weights_owned": owned,  # tensors moved out of the mapped safetensors before Quark writes into them
             "seconds_quantize": round(out["quantize_seconds"], 2),
             "seconds_export": round(out["export_seconds"], 2),

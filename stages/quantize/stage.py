@@ -46,16 +46,19 @@ def run(job: Job) -> dict:
         raise UsageError(f"[quantize].group_size is {cfg.group_size!r}; expected 128, 64, 32 or \"auto\"", "set group_size in the recipe or --group-size")
     src = job.inputs["source"]
     texts = read_texts(Path(cfg.calib_data)) if cfg.calib_data else None
+    # the source's probe runs on the model Quark loads, before it is quantized: an 8B source is read from disk once
+    before = (lambda model: probe_source(model, src, heldout_text(), tokens=cfg.quality_tokens)) if cfg.quality else None
     report = quantize(src, job.workdir, algorithm=cfg.algorithm, group_size=cfg.group_size, exclude_layers=tuple(cfg.exclude_layers),
                       calib_texts=texts, num_samples=cfg.num_samples, seq_len=cfg.seq_len, dtype=cfg.dtype, device=cfg.device,
-                      progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head)
+                      progress=job.progress.callback("quantize"), notify=job.progress.line, lm_head=cfg.lm_head, before=before)
+    source_probe = report.pop("source_probe", None)
     for warning in report.get("warnings", []):
         job.progress.line(f"  warning: {warning}", "yellow")
     if cfg.quality:
         if cfg.quality_tokens < 2:
             raise UsageError(f"[quantize].quality_tokens is {cfg.quality_tokens}; expected at least 2 (perplexity scores the tokens after the first)",
                              "set quality_tokens to 256 (the default), or quality = false to skip the probes")
-        report["quality"] = measure(src, job.workdir, heldout_text(), dtype=report["dtype"], tokens=cfg.quality_tokens)
+        report["quality"] = measure(src, job.workdir, heldout_text(), dtype=report["dtype"], tokens=cfg.quality_tokens, source_probe=source_probe)
         ratio = report["quality"]["ppl_increase"]
         if cfg.max_ppl_increase is not None and ratio > cfg.max_ppl_increase:
             q = report["quality"]
@@ -78,10 +81,27 @@ def summary(algorithm: str, report: dict) -> str:
     return text + (f", ppl {q['ppl_source']:.2f} → {q['ppl_quantized']:.2f}" if q else "")
 
 
-def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int = 256) -> dict:
+def probe_source(model, source, text: str, *, tokens: int = 256) -> dict:
+    """The source's probe on a model already loaded (Quark's, before it quantizes): its perplexity on the first
+    `tokens` tokens of `text` and its greedy answer, with the seconds they took."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    # late: the registry imports every stage by name, so torch/quark load only when measuring; tests stub quality.greedy_answer
+    from raipack.stages.quantize.quality import greedy_answer, perplexity
+
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False, local_files_only=True)
+    return {"ppl_source": round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4),
+            "answer_source": greedy_answer(model, tok, PROMPT, max_new_tokens=ANSWER_TOKENS), "seconds": time.perf_counter() - t0}
+
+
+def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int = 256, source_probe: dict | None = None) -> dict:
     """Perplexity on the first `tokens` tokens of `text` (one forward) and the greedy answer, of the source in
     the stage's `dtype` and of the quantized export as transformers reloads it, its linears dequantized once
-    (Quark's modules dequantize on every call: the greedy decode was most of the probes' time)."""
+    (Quark's modules dequantize on every call: the greedy decode was most of the probes' time). `source_probe`:
+    the source's, already measured on the model Quark loaded (probe_source); the source is then not loaded again."""
     import time
 
     # late: the registry imports every stage by name, so torch/quark load only when measuring; tests stub heap.trim_heap, quality.greedy_answer
@@ -92,7 +112,12 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
 
     t0 = time.perf_counter()
     out = {}
+    if source_probe is not None:
+        out.update(ppl_source=source_probe["ppl_source"], answer_source=source_probe["answer_source"])
+        t0 -= source_probe["seconds"]  # the probes' seconds: both models'
     for label, folder in (("source", source), ("quantized", quantized)):
+        if f"ppl_{label}" in out:
+            continue
         model, tok = load_hf(folder, dtype=dtype)
         if label == "quantized":
             # the packed linears in memory of their own (read with pread, not through the mapping), so each is

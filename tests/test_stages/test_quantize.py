@@ -473,6 +473,33 @@ def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_wei
         assert q["quantized_weights_owned"]["tensors"] >= record["layers_quantized"] and q["quantized_weights_owned"]["bytes"] > 0
 
 
+def test_the_source_probe_runs_on_the_model_quark_loads_so_the_source_is_read_once(src_with_extras, rtn_export, tmp_path, monkeypatch):
+    """Issue 41: the stage's source probe runs on the float model Quark has loaded, before it quantizes (`before`), so
+    the probes load only the quantized export; the source's perplexity and answer are the ones a separate load gives."""
+    from raipack.stages.quantize import quality
+    from raipack.stages.quantize.stage import measure, probe_source
+
+    loads, real = [], quality.load_hf
+    monkeypatch.setattr(quality, "load_hf", lambda folder, **kw: loads.append(Path(folder)) or real(folder, **kw))
+    floats = []
+
+    def before(model):
+        floats.append({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__})
+        return probe_source(model, src_with_extras, HELDOUT.read_text(), tokens=24)
+
+    out = tmp_path / "quark"
+    record = quantize(src_with_extras, out, algorithm="rtn", group_size="auto", before=before)
+    assert floats == [{"Linear"}]  # the plain float model: Quark had not replaced a linear yet
+    probe = record["source_probe"]
+    assert "source_probe" not in rtn_export[1]  # no probe asked, none run
+    q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=24, source_probe=probe)
+    assert loads == [out]  # the quantized export only: the source was not read from disk again
+    separate = measure(src_with_extras, out, HELDOUT.read_text(), tokens=24)
+    assert loads == [out, src_with_extras, out]
+    assert q["ppl_source"] == pytest.approx(separate["ppl_source"], rel=1e-4) and q["answer_source"] == separate["answer_source"]
+    assert q["ppl_quantized"] == separate["ppl_quantized"] and q["seconds"] >= probe["seconds"] > 0
+
+
 def test_quality_probe_runs_the_quantized_model_in_the_stages_dtype(awq_export):
     """With dtype bfloat16 the reloaded export's float tensors and its dequantized linears are bfloat16
     (not a float32 copy of every linear), and its logits stay those of the float32 reload."""

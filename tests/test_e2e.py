@@ -16,10 +16,10 @@ from helpers import open_in_chromium
 RAIPACK = str(Path(sys.executable).with_name("raipack"))
 NAME = "SmolLM2-135M-Instruct_rai_1.8.0_npu_16K"
 # `make demo` builds with the default recipe's AWQ (4 x 256 calibration tokens); this test with a real AWQ at
-# 1 x 128, measured to keep the answer "Paris" while Quark's CPU time falls to 0.28x (652.8 -> 185.1 CPU-s;
-# perplexity +12.7 %, the default's +14.8 %; docs/measurements/e2e.md), so the one real build is no longer
-# the long pole of `make test`.
-E2E_CALIBRATION = ["--num-samples", "1", "--seq-len", "128"]
+# 1 x 64, measured to keep the answer "Paris" while Quark's CPU time falls to 0.15x of the default's (652.8 ->
+# 101.1 CPU-s; perplexity +13.9 %, the default's +14.8 %; docs/measurements/e2e.md), so the one real build
+# leaves make test's two cores to the fast tests sooner.
+E2E_CALIBRATION = ["--num-samples", "1", "--seq-len", "64"]
 
 
 @pytest.mark.slow
@@ -58,7 +58,9 @@ def test_example_model_builds_validates_and_answers(tmp_path):
     # issue 39: the NPU target's numerics by default: the answer and perplexity under BFP16, beside the float check
     assert smoke["numerics"] == "bfp16" and smoke["answer_bfp16"] and smoke["ttft_cold_s"] > 0
     assert smoke["numerics_changed_answer"] is (smoke["answer_bfp16"] != smoke["answer"])  # and report.html says so on its first screen
-    assert 0 < smoke["ppl_package_bfp16"] / smoke["ppl_package"] - 1 < 0.05, smoke  # measured +0.67 % (docs/measurements/bfp16.md)
+    # BFP16 rounding moves the perplexity a little, either way: +0.67 % and +0.76 % at 1 x 128 calibration tokens,
+    # -0.18 % at 1 x 64 (docs/measurements/bfp16.md, e2e.md)
+    assert 0 < abs(smoke["ppl_package_bfp16"] / smoke["ppl_package"] - 1) < 0.05, smoke
     chain = report["quality_chain"]
     assert [r["model"] for r in chain["rows"]][-1] == "package (cpu-reference, BFP16 activations, predicted on the device)"
     assert chain["rows"][-1]["drop"] and "not published" in chain["note"]

@@ -453,7 +453,7 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
         recipe = write_recipe(model, algorithm, out_root, work, args.smoke_max_tier)
         build_args = ["--recipe", str(recipe), *(["--ignore-memory"] if args.ignore_memory else [])]
         rows = build_stages(build_args, algorithm, out_root, env, on_row=lambda row: (result["rows"].append(row), save(result, target), row["stage"] == args.until)[-1],
-                            plan=Plan(args.first, cold=not getattr(args, "warm", False)))
+                            plan=Plan(args.first, cold=not args.warm))
         if args.until:
             continue
         pkgs = [p for p in out_root.glob("*_rai_*") if p.is_dir() and not p.name.endswith(".stages")]

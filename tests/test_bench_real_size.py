@@ -120,7 +120,7 @@ def _rerun(tmp_path, monkeypatch, earlier: dict, first: str, until: str) -> tupl
     work = tmp_path / "work"
     (work / "llama-3.2-1b-random").mkdir(parents=True)
     (work / "llama-3.2-1b-random" / "model.safetensors").write_bytes(b"")  # an earlier run's model: not written again
-    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, until=until, first=first)
+    args = argparse.Namespace(model="llama-3.2-1b", tiny=False, algorithms="rtn", smoke_max_tier=None, ignore_memory=False, warm=False, until=until, first=first)
     assert real_size.run_all(args, work) == 0
     return json.loads((tmp_path / "out" / "real_size_llama-3.2-1b.json").read_text()), seen
 

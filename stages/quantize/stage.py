@@ -88,13 +88,19 @@ def probe_source(model, source, text: str, *, tokens: int = 256) -> dict:
 
     from transformers import AutoTokenizer
 
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False, local_files_only=True)
+    return {**_scores("source", model, tok, text, tokens), "seconds": time.perf_counter() - t0}
+
+
+def _scores(label: str, model, tok, text: str, tokens: int) -> dict:
+    """One model's probe: `ppl_LABEL`, its perplexity on the first `tokens` tokens of `text` (one forward), and
+    `answer_LABEL`, its greedy answer to PROMPT."""
     # late: the registry imports every stage by name, so torch/quark load only when measuring; tests stub quality.greedy_answer
     from raipack.stages.quantize.quality import greedy_answer, perplexity
 
-    t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False, local_files_only=True)
-    return {"ppl_source": round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4),
-            "answer_source": greedy_answer(model, tok, PROMPT, max_new_tokens=ANSWER_TOKENS), "seconds": time.perf_counter() - t0}
+    return {f"ppl_{label}": round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4),
+            f"answer_{label}": greedy_answer(model, tok, PROMPT, max_new_tokens=ANSWER_TOKENS)}
 
 
 def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int = 256, source_probe: dict | None = None) -> dict:
@@ -108,16 +114,16 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     from raipack.runtime.heap import trim_heap
     from raipack.runtime.quark_hf import dequantize_once  # late: as above
     from raipack.stages.quantize.owned import own_mapped_tensors  # late: as above
-    from raipack.stages.quantize.quality import greedy_answer, load_hf, perplexity  # late: as above
+    from raipack.stages.quantize.quality import load_hf  # late: as above
 
     t0 = time.perf_counter()
     out = {}
+    models = [("source", source), ("quantized", quantized)]
     if source_probe is not None:
         out.update(ppl_source=source_probe["ppl_source"], answer_source=source_probe["answer_source"])
         t0 -= source_probe["seconds"]  # the probes' seconds: both models'
-    for label, folder in (("source", source), ("quantized", quantized)):
-        if f"ppl_{label}" in out:
-            continue
+        models = models[1:]
+    for label, folder in models:
         model, tok = load_hf(folder, dtype=dtype)
         if label == "quantized":
             # the packed linears in memory of their own (read with pread, not through the mapping), so each is
@@ -130,8 +136,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
             # middle stayed resident (the 8B RTN probe's dequantization ended at 16.3 and 21.0 GiB of anonymous memory
             # for 13 GiB of bfloat16 linears; trimmed, 13.7 GiB and the stage's peak 15.4 GiB, 12-18 s more)
             dequantize_once(model, dtype, after_each=trim_heap)
-        out[f"ppl_{label}"] = round(perplexity(model, tok, text, max_len=tokens, max_tokens=tokens), 4)
-        out[f"answer_{label}"] = greedy_answer(model, tok, PROMPT, max_new_tokens=ANSWER_TOKENS)
+        out.update(_scores(label, model, tok, text, tokens))
         del model
         trim_heap()  # the dequantized linears' heap chunks (8 GiB at 8B) are not left resident for the stages after
     out["ppl_increase"] = round(out["ppl_quantized"] / out["ppl_source"] - 1, 4)

@@ -93,3 +93,36 @@ def test_quantize_reports_the_weights_it_owned(tiny_llama, tmp_path):
     owned = record["weights_owned"]
     assert owned["tensors"] > 10 and owned["bytes"] > 1 << 20
     assert owned["kept_mapped_bytes"] > 0  # the token embedding, which Quark never writes, stays mapped
+
+
+def _rss_file() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("RssFile:"))
+
+
+def test_the_kept_views_pages_are_given_back_and_read_again_the_same(tmp_path):
+    """release_resident_pages: a kept (never written) view's pages leave this process's resident memory and fault
+    back in with the same bytes; a tensor of its own is not touched."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from raipack.stages.quantize.owned import release_resident_pages
+
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=32768,
+                      tie_word_embeddings=False)
+    built = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    src = tmp_path / "m"
+    built.save_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
+    head = model.get_output_embeddings().weight  # 16 MiB of bfloat16
+    own_mapped_tensors(model, keep=[head])
+    expected = head.detach().clone()
+    with torch.no_grad():
+        assert float(head.float().abs().sum()) > 0  # every page of the head read: resident
+    before = _rss_file()
+    released = release_resident_pages([head, model.model.norm.weight, None])
+    assert head.numel() * 2 - 8192 <= released <= head.numel() * 2  # the head's whole pages; the owned norm is not a view
+    assert before - _rss_file() >= released * 0.9
+    assert torch.equal(head, expected)  # read again from the page cache, the same bytes
+    assert release_resident_pages([torch.from_numpy(np.ones(4096, np.float32))]) == 0

@@ -435,7 +435,13 @@ def test_the_probes_answer_in_a_sentence_of_tokens(awq_export, src_with_extras, 
     monkeypatch.setattr(quality, "greedy_answer", lambda model, tok, prompt, max_new_tokens=32: asked.append(max_new_tokens) or real(model, tok, prompt, max_new_tokens))
     out, _, _ = awq_export
     q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=8)
-    assert asked == [ANSWER_TOKENS, ANSWER_TOKENS] == [16, 16] and q["answer_source"] and q["answer_quantized"]
+    assert asked == [ANSWER_TOKENS, ANSWER_TOKENS] == [16, 16] and q["answer_source"] and q["answer_quantized"] and q["answer_tokens"] == 16
+    # a smaller budget (quality_tokens = "auto" above 2B forward parameters: budget.py) reaches both answers, and the record says what each part cost
+    q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=(8, 5))
+    assert asked[2:] == [5, 5] and q["answer_tokens"] == 5
+    parts = q["seconds_parts"]
+    assert set(parts) == {"source_load_and_probe", "quantized_load", "quantized_dequantize", "quantized_probe"} and all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) <= q["seconds"] + 0.05
 
 
 def test_dequantized_modules_are_freed_at_once_and_the_probe_owns_the_packed_weights(awq_export, src_with_extras, monkeypatch):
@@ -498,6 +504,7 @@ def test_the_source_probe_runs_on_the_model_quark_loads_so_the_source_is_read_on
     assert loads == [out, src_with_extras, out]
     assert q["ppl_source"] == pytest.approx(separate["ppl_source"], rel=1e-4) and q["answer_source"] == separate["answer_source"]
     assert q["ppl_quantized"] == separate["ppl_quantized"] and q["seconds"] >= probe["seconds"] > 0
+    assert q["seconds_parts"]["source_probe"] == round(probe["seconds"], 2) and "source_load_and_probe" not in q["seconds_parts"]
 
 
 def test_quality_probe_runs_the_quantized_model_in_the_stages_dtype(awq_export):

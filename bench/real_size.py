@@ -51,6 +51,9 @@ PY = sys.executable
 GIB = 1 << 30
 
 # The published config.json of each model (token ids are the tokenizer's, see write_model)
+# the stage each outside tool is measured alone for (bench/tool_alone.py), and issue 41's memory line: a 16 GB machine with its system running
+TOOL_STAGE = {"quark": "quantize", "builder": "export"}
+LAPTOP_PEAK = 14 * (1 << 30)
 WEIGHTS = {".safetensors", ".onnx", ".data", ".bin"}  # the files a stage reads that the page cache may hold
 MODELS = {k: v for k, v in json.loads((HERE / "real_models.json").read_text()).items() if not k.startswith("_")}
 LLAMA_32_1B = MODELS["llama-3.2-1b"]
@@ -60,8 +63,8 @@ TINY = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "n
 # memory hint ever proposes, stages/quantize/memory.py: _fits).
 AWQ_SAMPLES, AWQ_SEQ_LEN = 1, 16
 
-# Run a raipack command in this process and write its own VmHWM (peak RSS) to argv[1] at exit.
-CHILD = r"""
+# A child's prelude: write its own VmHWM (peak RSS) to argv[1] at exit (bench/tool_alone.py's children use it too).
+PEAK_AT_EXIT = r"""
 import atexit, sys
 out = sys.argv.pop(1)
 def _peak():
@@ -70,6 +73,9 @@ def _peak():
     with open(out, "w") as fh:
         fh.write(str(kib * 1024))
 atexit.register(_peak)
+"""
+# Run a raipack command in this process, its peak written at exit.
+CHILD = PEAK_AT_EXIT + r"""
 from raipack.cli import main
 sys.argv[0] = "raipack"
 main()
@@ -366,16 +372,38 @@ def _gib(n: int | None) -> str:
     return f"{n / GIB:.2f} GiB" if n else "–"
 
 
+def _alone_cell(alone: dict | None) -> str:
+    if not alone:
+        return "–"
+    return f"{alone['wall_s']} s, {_gib(alone['peak_rss'])} ({alone.get('cache', 'warm')})" if alone.get("rc") == 0 else f"failed (exit {alone.get('rc')})"
+
+
+def memory_verdict(peak: int | None, alone: dict | None) -> str:
+    """Issue 41's line for a stage's peak: within a 16 GB machine's 14 GiB, or within 1 GiB of its tool run alone on the same input."""
+    if not peak:
+        return "–"
+    if peak <= LAPTOP_PEAK:
+        return "≤ 14 GiB"
+    if alone and alone.get("rc") == 0 and alone.get("peak_rss"):
+        over = (peak - alone["peak_rss"]) / GIB
+        return f"tool alone {over:+.2f} GiB" + (" (over 1 GiB)" if over > 1 else "")
+    return "over 14 GiB, tool alone not measured"
+
+
 def table(result: dict) -> str:
     """The Markdown tables of docs/measurements/real_size.md, from bench/out/real_size_<model>.json."""
-    lines = ["| quantization | stage | status | page cache | stage s | process s | CPU s | bare tool s | stage / tool | raipack's checks s | peak RSS (VmHWM) | peak RssAnon | raipack's estimate | estimate / peak | stage summary |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    alone = result.get("tool_alone", {})
+    lines = ["| quantization | stage | status | page cache | stage s | process s | CPU s | bare tool s | stage / tool | raipack's checks s | peak RSS (VmHWM) | peak RssAnon "
+             "| tool alone: s, peak RSS | memory | raipack's estimate | estimate / peak | stage summary |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(result["rows"], key=lambda r: (r["algorithm"] != "rtn", r["algorithm"], _stage_index(r["stage"]))):
         tool, checks, stage_s = r.get("tool_s"), r.get("checks_s"), r["stage_s"]
+        by_tool = alone.get(f"{r['stage']}/{r['algorithm']}")
         ratio = f"{stage_s / tool:.2f}x" if tool and stage_s else "–"
         fit = f"{r['estimate'] / r['peak_rss']:.2f}x" if r.get("estimate") and r.get("peak_rss") else "–"
         lines.append(f"| {r['algorithm']} | {r['stage']} | {r['status']} | {r.get('cache', 'warm (not recorded)')} | {stage_s if stage_s is not None else '–'} | {r['process_s']} | "
                      f"{r.get('cpu_s', '–')} | {tool if tool is not None else '–'} | {ratio} | {checks if checks is not None else '–'} | {_gib(r['peak_rss'])} | {_gib(r.get('peak_anon'))} | "
+                     f"{_alone_cell(by_tool)} | {memory_verdict(r.get('peak_rss'), by_tool)} | "
                      f"{_gib(r['estimate'])} | {fit} | {r['summary'] or r.get('error', '').splitlines()[-1:] or ''} |")
     lines += ["", "| quantization | validate (whole process) | `python -c \"import onnx, jsonschema\"` | ratio | exit | decode, reference runtime | onnxruntime-genai on the export | ratio | `raipack run` |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -177,3 +177,6 @@ def test_run_past_the_sliding_window_matches_the_export(built, family, profile_i
     # and the export against transformers (the Quark model), over more tokens than the window
     parity = stage(result, "export").report["parity"]["perplexity"]
     assert parity["tokens"] > window and abs(parity["ratio"] - 1) < 1e-3, parity
+    # the window is the check budget's ("auto": a tiny model gets the full one) and the report says so, for the smoke stage
+    budget = stage(result, "export").report["check_budget"]
+    assert budget["tokens"] == 256 >= parity["tokens"] and budget["scale"] == 1.0 and budget["basis"].startswith("auto: ")

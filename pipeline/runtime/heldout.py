@@ -9,7 +9,7 @@ from __future__ import annotations
 from raipack.data import heldout_text
 from raipack.runtime.ortloop import perplexity
 
-MAX_TOKENS = 256  # the export stage's [export].parity_tokens default (stages/export/stage.py)
+MAX_TOKENS = 256  # the most the window reads: [export].parity_tokens's full budget (raipack.runtime.budget, data/probes.json)
 
 
 def heldout_ids(tokenizer, limit: int) -> list[int]:

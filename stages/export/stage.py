@@ -5,6 +5,7 @@ Quark's exclusions kept in float, the source's tokenizer files put back unchange
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from raipack.core.errors import RaipackError, UsageError
 from raipack.core.stage import Job, Stage
@@ -21,13 +22,16 @@ class ExportConfig:
     # 270 s beside the builder's 238 s); 16 steps with 8 positions compared and 256 tokens still catch a wrong graph
     parity_steps: int = 16
     parity_positions: int = 8  # generated positions per prompt whose logits rows parity compares (first, last, seeded others)
-    parity_tokens: int = 256  # held-out tokens both perplexities read (raipack.runtime.heldout.MAX_TOKENS: the smoke stage's window)
+    # held-out tokens both perplexities read, and the smoke stage's window (it reads the export's report); "auto": 256 up to
+    # 2B forward parameters, fewer in proportion above (raipack.runtime.budget: 68 at Llama-3.1-8B)
+    parity_tokens: int | Literal["auto"] = "auto"
     max_ppl_ratio: float = 1.01  # exported / Quark perplexity on the held-out text
 
 
 def run(job: Job) -> dict:
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.data import heldout_text
+    from raipack.runtime.budget import probe_budget  # late: as above
     from raipack.stages.export.builder import export  # late: as above
     from raipack.stages.export.parity import parity  # late: as above
 
@@ -47,9 +51,11 @@ def run(job: Job) -> dict:
 
         gc.collect()
         trim_heap()  # the builder's freed tensors go back to the system before parity loads its models
+        budget = probe_budget(_quark_config(quark), cfg.parity_tokens)
         p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps, positions=cfg.parity_positions,
-                   max_heldout_tokens=cfg.parity_tokens)
+                   max_heldout_tokens=budget.tokens)
         report["parity"] = p
+        report["check_budget"] = budget._asdict()  # the smoke stage's perplexity window is this one
         ppl = p["perplexity"]
         report["quality"] = {"ppl_quark": ppl["transformers"], "ppl_exported": ppl["onnx"], "ppl_ratio": ppl["ratio"],
                              "logit_cosine_min": p["cosine_min"], "greedy_identical": p["greedy_identical"]}
@@ -61,14 +67,29 @@ def run(job: Job) -> dict:
     return report
 
 
+def _quark_config(quark) -> dict | None:
+    """The Quark export's config.json (the model's sizes for the check budget), None when unreadable."""
+    import json
+    from pathlib import Path
+
+    try:
+        doc = json.loads((Path(quark) / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def preflight(config: ExportConfig, target: dict) -> None:
     """Refuse a parity setting that cannot be sampled before any stage runs."""
     least = {"parity_steps": 1, "parity_positions": 2, "parity_tokens": 2}
     for name, value in (("parity_steps", config.parity_steps), ("parity_positions", config.parity_positions), ("parity_tokens", config.parity_tokens)):
+        if name == "parity_tokens" and value == "auto":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < least[name]:
             raise UsageError(f"[export].{name} is {value!r}; expected a whole number of at least {least[name]}"
-                             + (" (the first and the last generated position are always compared)" if name == "parity_positions" else ""),
-                             f"set {name} to {ExportConfig.__dataclass_fields__[name].default} (the default), or parity = false to skip parity")
+                             + (" (the first and the last generated position are always compared)" if name == "parity_positions" else "")
+                             + (' or "auto"' if name == "parity_tokens" else ""),
+                             f"set {name} to {ExportConfig.__dataclass_fields__[name].default!r} (the default), or parity = false to skip parity")
 
 
 STAGE = Stage(

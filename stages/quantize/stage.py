@@ -14,7 +14,7 @@ from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_L
 PROMPT = "What is the capital of France?"
 # the probes' greedy answer to PROMPT: a sentence's worth of tokens (32 before issue 25: at Llama-3.1-8B each step is
 # about 0.8 s per model in transformers, and the probes were 30 % of the RTN stage); fewer above 2B forward
-# parameters with quality_tokens = "auto" (budget.py, data/probes.json)
+# parameters with quality_tokens = "auto" (pipeline/runtime/budget.py, pipeline/data/probes.json)
 ANSWER_TOKENS = 16
 
 
@@ -32,7 +32,7 @@ class QuantizeConfig:
     max_ppl_increase: float | None = None  # fail when quantized/source perplexity - 1 exceeds this
     quality: bool = True  # measure perplexity and the greedy answer
     # held-out tokens the perplexity probe scores, in `dtype`; "auto": 256 and 16-token answers up to 2B forward parameters,
-    # fewer in proportion above (budget.py: 68 and 8 at Llama-3.1-8B)
+    # fewer in proportion above (pipeline/runtime/budget.py: 68 and 8 at Llama-3.1-8B)
     quality_tokens: int | Literal["auto"] = "auto"
 
 
@@ -41,7 +41,7 @@ def run(job: Job) -> dict:
 
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.data import heldout_text
-    from raipack.stages.quantize.budget import probe_budget  # late: as above
+    from raipack.runtime.budget import probe_budget  # late: as above
     from raipack.stages.quantize.calibration import read_texts  # late: as above
     from raipack.stages.quantize.preflight import read_config  # late: as above
     from raipack.stages.quantize.quark_awq import quantize  # late: as above
@@ -126,7 +126,7 @@ def _scores(label: str, model, tok, text: str, budget: tuple[int, int]) -> dict:
 
 def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int | tuple[int, int] = 256, source_probe: dict | None = None) -> dict:
     """Perplexity on the first `tokens` tokens of `text` (one forward) and the greedy answer (ANSWER_TOKENS new tokens, or
-    `tokens` is the pair (perplexity tokens, answer tokens): budget.probe_budget), of the source in
+    `tokens` is the pair (perplexity tokens, answer tokens): raipack.runtime.budget.probe_budget), of the source in
     the stage's `dtype` and of the quantized export as transformers reloads it, its linears dequantized once
     (Quark's modules dequantize on every call: the greedy decode was most of the probes' time). `source_probe`:
     the source's, already measured on the model Quark loaded (probe_source); the source is then not loaded again."""

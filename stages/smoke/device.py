@@ -42,11 +42,24 @@ def numerics_of(cfg, profile, report: dict) -> str:
     return mode
 
 
-def float_perplexity(report: dict, runtime, tok, progress) -> list[int]:
-    """The package's held-out perplexity in float (the export's window); the window's ids, [] when too short."""
+def export_window(export: Path) -> int | None:
+    """The held-out tokens the export's parity perplexity read (its report in manifest.json; `[export].parity_tokens`,
+    scaled with the model by default: raipack.runtime.budget), None when the export's report does not say."""
+    import json
+
+    try:
+        tokens = json.loads((Path(export) / "manifest.json").read_text("utf-8"))["report"]["parity"]["perplexity"]["tokens"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 2 else None
+
+
+def float_perplexity(report: dict, runtime, tok, progress, window: int | None = None) -> list[int]:
+    """The package's held-out perplexity in float on the export's window (`window` tokens; the full MAX_TOKENS when the
+    export's report does not say), so it sits beside the export's figure; the window's ids, [] when too short."""
     from raipack.runtime.heldout import heldout_ids, package_perplexity  # late: the stage's modules load with the runner: heavy imports wait
 
-    ids = heldout_ids(tok, runtime.max_length - 1)
+    ids = heldout_ids(tok, min(runtime.max_length - 1, window or runtime.max_length))
     if len(ids) < 2:
         return []
     report["ppl_window_tokens"] = len(ids)

@@ -6,7 +6,7 @@ On the CPU, the package of an NPU or hybrid target (and its raipack reference pa
 NPU's numerics by default (`numerics`, unset: pipeline/data/numerics.json "by_target"; stages/smoke/device.py):
 its answer to the fixed prompt and its held-out perplexity under BFP16 activations (pipeline/runtime/numerics.py),
 the prediction of what the device computes, beside the float perplexity on the same window (the export's,
-pipeline/runtime/heldout.py). `numerics = "float"` in the recipe keeps the float run alone; `perplexity = false`
+pipeline/runtime/heldout.py; its length scales with the model: raipack.runtime.budget). `numerics = "float"` in the recipe keeps the float run alone; `perplexity = false`
 keeps only the answers. The float run is the check of the fusion: the package's tokens are checked against the
 export's (at Llama-3.1-8B the 256 token steps took 99 s, a sixth of the package's own runs); BFP16 rounding would
 blur that check, so it stays float.
@@ -110,7 +110,7 @@ def run(job: Job) -> dict:
     ids: list[int] = []
     if cfg.perplexity if cfg.perplexity is not None else numerics != "float":
         started = time.perf_counter()
-        ids = device.float_perplexity(report, runtime, tok, job.progress)
+        ids = device.float_perplexity(report, runtime, tok, job.progress, device.export_window(export))
         seconds["perplexity"] = time.perf_counter() - started
     # One model at a time: the package's weights are freed before the next is loaded, the BFP16 runtime or the
     # export (at 8B each is ~8 GiB; held together they were the stage's peak). The export checks the package's

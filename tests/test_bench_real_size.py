@@ -92,11 +92,48 @@ def test_table_shows_each_stage_and_the_package_rows():
     pkg = {"validate": {"validate_s": 0.41, "imports_s": 0.2, "ratio": 2.05, "rc": 0, "files": 180, "bytes": 3 << 30},
            "decode": {"reference_tps": 12.0, "oga_tps": 10.0, "ratio": 1.2, "run_s": 9.0, "run_peak_rss": 1 << 30, "run_stats": "[cpu-reference] 64 tokens"}}
     text = real_size.table({"rows": [row, failed], "packages": {"rtn": pkg}})
-    assert "| rtn | quantize | built | cold | 61.5 | 80.2 | 75.0 | 40.5 | 1.52x | 9.5 | 3.00 GiB | 2.00 GiB | 2.50 GiB | 0.83x | rtn uint4 g128 |" in text
+    assert "| rtn | quantize | built | cold | 61.5 | 80.2 | 75.0 | 40.5 | 1.52x | 9.5 | 3.00 GiB | 2.00 GiB | – | ≤ 14 GiB | 2.50 GiB | 0.83x | rtn uint4 g128 |" in text
     assert "| rtn | export | failed | cold | – |" in text and "| 75.0 | – | – | – | " in text and "ERROR: parity failed" in text
     awq = real_size.table({"rows": [{**row, "algorithm": "awq"}, failed, row], "packages": {}})
     assert [line.split("|")[1:3] for line in awq.splitlines()[2:5]] == [[" rtn ", " quantize "], [" rtn ", " export "], [" awq ", " quantize "]]  # RTN first, stages in order
     assert "0.41 s (180 files, 3.00 GiB) | 0.20 s | 2.05x | 0 | 12.0 tok/s | 10.0 tok/s | 1.20x |" in text
+
+
+def test_a_stage_over_14_gib_is_judged_against_its_tool_run_alone():
+    """Issue 41's memory line: a peak within a 16 GB machine's 14 GiB, or within 1 GiB of the stage's outside tool run
+    alone on the same input (bench/tool_alone.py writes those rows into the same result file)."""
+    gib = 1 << 30
+    alone = {"rc": 0, "wall_s": 300.5, "peak_rss": 16 * gib, "cache": "cold"}
+    assert real_size.memory_verdict(14 * gib, None) == "≤ 14 GiB"
+    assert real_size.memory_verdict(int(16.5 * gib), alone) == "tool alone +0.50 GiB"
+    assert real_size.memory_verdict(15 * gib, alone) == "tool alone -1.00 GiB"
+    assert real_size.memory_verdict(int(17.5 * gib), alone) == "tool alone +1.50 GiB (over 1 GiB)"
+    assert real_size.memory_verdict(15 * gib, None) == real_size.memory_verdict(15 * gib, {**alone, "rc": 1}) == "over 14 GiB, tool alone not measured"
+    row = {"algorithm": "awq", "stage": "quantize", "status": "built", "cache": "cold", "stage_s": 900.0, "process_s": 905.0, "cpu_s": 1500.0, "tool_s": 800.0,
+           "checks_s": 60.0, "peak_rss": int(16.5 * gib), "peak_anon": 16 * gib, "estimate": 20 * gib, "summary": "awq", "rc": 0}
+    text = real_size.table({"rows": [row, {**row, "stage": "export"}], "packages": {}, "tool_alone": {"quantize/awq": alone}})
+    assert "| 16.50 GiB | 16.00 GiB | 300.5 s, 16.00 GiB (cold) | tool alone +0.50 GiB | 20.00 GiB |" in text
+    assert "| 16.00 GiB | – | over 14 GiB, tool alone not measured |" in text  # the export's builder was not measured alone
+
+
+def test_a_tool_alone_reports_its_own_peak_time_and_timings(tmp_path):
+    """bench/tool_alone.py's runner: the child's own VmHWM (not this process's), its sampled RssAnon, its JSON timings; a failing tool its error."""
+    import sys
+
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import tool_alone
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    code = "import json, sys\nimport numpy as np\nb = np.ones(int(sys.argv[1]) << 20, np.uint8)\nprint(json.dumps({'mib': int(sys.argv[1])}))"
+    ballast = np.ones(300 << 20, np.uint8)  # resident here, not in the child
+    run = tool_alone.run_tool(code, ["120"], tmp_path, sample_s=0.02)
+    assert run["rc"] == 0 and run["timings"] == {"mib": 120} and run["error"] == ""
+    assert 120 << 20 < run["peak_rss"] < ballast.nbytes and 0 < run["peak_anon"] <= run["peak_rss"]
+    bad = tool_alone.run_tool("raise SystemExit('no model here')", [], tmp_path)
+    assert bad["rc"] == 1 and bad["timings"] is None and "no model here" in bad["error"]
+    with pytest.raises(SystemExit, match="no quantize stage output"):
+        tool_alone.stage_dir(tmp_path, "rtn", "quantize")
 
 
 def _rerun(tmp_path, monkeypatch, earlier: dict, first: str, until: str) -> tuple[dict, dict]:

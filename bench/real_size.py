@@ -466,6 +466,8 @@ def run_all(args: argparse.Namespace, work: Path) -> int:
     first, last = _stage_index(args.first), _stage_index(args.until, default=-1)
     if target.exists():  # rerunning some algorithms keeps the others' rows (and the machine they ran on), with --from the earlier stages' rows, with --until the later ones'
         old = json.loads(target.read_text())
+        if old.get("tool_alone"):  # bench/tool_alone.py's rows (each with its machine and commit) are not this run's to drop
+            result["tool_alone"] = old["tool_alone"]
         kept = [r for r in old.get("rows", []) if r["algorithm"] not in algorithms or not first <= _stage_index(r["stage"]) <= last]
         if kept:
             result["rows"] = kept

@@ -177,9 +177,11 @@ def test_from_measures_the_later_stages_and_keeps_the_earlier_rows(tmp_path, mon
 def test_from_and_until_one_stage_measure_it_again_and_keep_every_other_row(tmp_path, monkeypatch):
     """--from quantize --until quantize: quantize is measured again; the later stages' rows (and the package's) stay."""
     old = [{"algorithm": "rtn", "stage": s, "status": "built", "rc": 0} for s in ("quantize", "export", "fuse", "smoke")]
-    doc, _ = _rerun(tmp_path, monkeypatch, {"rows": old, "packages": {"rtn": {"validate": {"rc": 0}}}}, "quantize", "quantize")
+    alone = {"quantize/rtn": {"tool": "quark", "rc": 0, "peak_rss": 1 << 30, "wall_s": 1.0}}
+    doc, _ = _rerun(tmp_path, monkeypatch, {"rows": old, "packages": {"rtn": {"validate": {"rc": 0}}}, "tool_alone": alone}, "quantize", "quantize")
     assert sorted((r["stage"], r.get("new", False)) for r in doc["rows"]) == [("export", False), ("fuse", False), ("quantize", True), ("smoke", False)]
     assert doc["packages"] == {"rtn": {"validate": {"rc": 0}}}
+    assert doc["tool_alone"] == alone  # bench/tool_alone.py's rows stay beside the stage measured again
 
 
 def test_a_user_who_cannot_drop_the_page_cache_gets_a_warm_row_that_says_why(tmp_path):

@@ -375,7 +375,10 @@ def _gib(n: int | None) -> str:
 def _alone_cell(alone: dict | None) -> str:
     if not alone:
         return "–"
-    return f"{alone['wall_s']} s, {_gib(alone['peak_rss'])} ({alone.get('cache', 'warm')})" if alone.get("rc") == 0 else f"failed (exit {alone.get('rc')})"
+    if alone.get("rc") == 0:
+        return f"{alone['wall_s']} s, {_gib(alone['peak_rss'])} ({alone.get('cache', 'warm')})"
+    reached = f", RssAnon ≥ {_gib(alone['peak_anon'])} when it ended" if alone.get("peak_anon") else ""
+    return f"failed (exit {alone.get('rc')}) after {alone.get('wall_s')} s{reached}"  # -9: the kernel's OOM killer, as a user's machine would
 
 
 def memory_verdict(peak: int | None, alone: dict | None) -> str:
@@ -387,6 +390,8 @@ def memory_verdict(peak: int | None, alone: dict | None) -> str:
     if alone and alone.get("rc") == 0 and alone.get("peak_rss"):
         over = (peak - alone["peak_rss"]) / GIB
         return f"tool alone {over:+.2f} GiB" + (" (over 1 GiB)" if over > 1 else "")
+    if alone and alone.get("peak_anon", 0) > peak:  # the tool alone failed (out of memory) above the stage's whole peak
+        return f"tool alone failed at ≥ {_gib(alone['peak_anon'])}: the stage {(peak - alone['peak_anon']) / GIB:+.2f} GiB"
     return "over 14 GiB, tool alone not measured"
 
 

@@ -114,6 +114,12 @@ def test_a_stage_over_14_gib_is_judged_against_its_tool_run_alone():
     text = real_size.table({"rows": [row, {**row, "stage": "export"}], "packages": {}, "tool_alone": {"quantize/awq": alone}})
     assert "| 16.50 GiB | 16.00 GiB | 300.5 s, 16.00 GiB (cold) | tool alone +0.50 GiB | 20.00 GiB |" in text
     assert "| 16.00 GiB | – | over 14 GiB, tool alone not measured |" in text  # the export's builder was not measured alone
+    # a tool alone killed for memory (Quark's AWQ at 8B on 24 GiB) above the stage's whole peak: the stage is below it
+    killed = {"rc": -9, "wall_s": 560.9, "peak_rss": None, "peak_anon": 23 * gib, "cache": "cold"}
+    assert real_size.memory_verdict(int(18.5 * gib), killed) == "tool alone failed at ≥ 23.00 GiB: the stage -4.50 GiB"
+    assert real_size.memory_verdict(24 * gib, killed) == "over 14 GiB, tool alone not measured"  # failed below the stage's peak: no verdict
+    text = real_size.table({"rows": [row], "packages": {}, "tool_alone": {"quantize/awq": killed}})
+    assert "| failed (exit -9) after 560.9 s, RssAnon ≥ 23.00 GiB when it ended | tool alone failed at ≥ 23.00 GiB: the stage -6.50 GiB |" in text
 
 
 def test_a_tool_alone_reports_its_own_peak_time_and_timings(tmp_path):

@@ -170,16 +170,16 @@ def anon_bytes(pid: int) -> int | None:
         return None
 
 
-def measured(args: list[str], env: dict, tmp: Path, sample_s: float = 0.2) -> dict:
-    """Run `raipack ARGS` in a child that reports its own peak RSS; wall time, CPU time (the child and its
-    children: the children's rusage grows by exactly this child's), the peak RssAnon sampled every `sample_s`,
-    exit code, output."""
+def measured(args: list[str], env: dict, tmp: Path, sample_s: float = 0.2, child: str = CHILD) -> dict:
+    """Run `raipack ARGS` (or another `child` script that starts with PEAK_AT_EXIT) in a child that reports its own
+    peak RSS; wall time, CPU time (the child and its children: the children's rusage grows by exactly this child's),
+    the peak RssAnon sampled every `sample_s`, exit code, output."""
     import resource
 
     peak = tmp / f"peak-{time.monotonic_ns()}"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([PY, "-c", CHILD, str(peak), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([PY, "-c", child, str(peak), *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     anon = 0
     while True:
         anon = max(anon, anon_bytes(proc.pid) or 0)

@@ -27,9 +27,7 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -85,27 +83,12 @@ exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
 
 
 def run_tool(code: str, args: list[str], work: Path, sample_s: float = 0.2) -> dict:
-    """`code` run with `args` in a child: wall and CPU seconds, VmHWM, the peak RssAnon sampled, its JSON timings."""
-    import resource
-
-    peak = work / f"peak-tool-{time.monotonic_ns()}"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([real_size.PY, "-c", CHILD, str(peak), code, *args], cwd=real_size.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    anon = 0
-    while True:
-        anon = max(anon, real_size.anon_bytes(proc.pid) or 0)
-        try:
-            stdout, stderr = proc.communicate(timeout=sample_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    lines = stdout.strip().splitlines()
-    return {"rc": proc.returncode, "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1),
-            "peak_rss": int(peak.read_text()) if peak.exists() else None, "peak_anon": anon or None,
-            "timings": json.loads(lines[-1]) if proc.returncode == 0 and lines else None,
-            "error": "" if proc.returncode == 0 else "\n".join(stderr.strip().splitlines()[-6:])}
+    """`code` run with `args` in a child (real_size.measured): wall and CPU seconds, VmHWM, the peak RssAnon sampled, its JSON timings."""
+    run = real_size.measured([code, *args], dict(os.environ), work, sample_s, child=CHILD)
+    lines = run["stdout"].strip().splitlines()
+    return {"rc": run["rc"], "wall_s": round(run["wall_s"], 1), "cpu_s": round(run["cpu_s"], 1), "peak_rss": run["peak_rss"], "peak_anon": run["peak_anon"],
+            "timings": json.loads(lines[-1]) if run["rc"] == 0 and lines else None,
+            "error": "" if run["rc"] == 0 else "\n".join(run["stderr"].strip().splitlines()[-6:])}
 
 
 def stage_dir(work: Path, algorithm: str, stage: str) -> Path:

@@ -50,10 +50,10 @@ import page_cache  # noqa: E402  (bench/, on the path just above)
 PY = sys.executable
 GIB = 1 << 30
 
-# The published config.json of each model (token ids are the tokenizer's, see write_model)
 # the stage each outside tool is measured alone for (bench/tool_alone.py), and issue 41's memory line: a 16 GB machine with its system running
 TOOL_STAGE = {"quark": "quantize", "builder": "export"}
-LAPTOP_PEAK = 14 * (1 << 30)
+LAPTOP_PEAK = 14 * GIB
+# The published config.json of each model (token ids are the tokenizer's, see write_model)
 WEIGHTS = {".safetensors", ".onnx", ".data", ".bin"}  # the files a stage reads that the page cache may hold
 MODELS = {k: v for k, v in json.loads((HERE / "real_models.json").read_text()).items() if not k.startswith("_")}
 LLAMA_32_1B = MODELS["llama-3.2-1b"]
@@ -387,13 +387,13 @@ def memory_verdict(peak: int | None, alone: dict | None) -> str:
     if not peak:
         return "–"
     if peak <= LAPTOP_PEAK:
-        return "≤ 14 GiB"
+        return f"≤ {LAPTOP_PEAK // GIB} GiB"
     if alone and alone.get("rc") == 0 and alone.get("peak_rss"):
         over = (peak - alone["peak_rss"]) / GIB
         return f"tool alone {over:+.2f} GiB" + (" (over 1 GiB)" if over > 1 else "")
     if alone and alone.get("peak_anon", 0) > peak:  # the tool alone failed (out of memory) above the stage's whole peak
         return f"tool alone failed at ≥ {_gib(alone['peak_anon'])}: the stage {(peak - alone['peak_anon']) / GIB:+.2f} GiB"
-    return "over 14 GiB, tool alone not measured"
+    return f"over {LAPTOP_PEAK // GIB} GiB, tool alone not measured"
 
 
 def table(result: dict) -> str:

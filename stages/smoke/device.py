@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import NamedTuple
 
 from raipack.data import load_data
 
@@ -42,16 +43,39 @@ def numerics_of(cfg, profile, report: dict) -> str:
     return mode
 
 
-def export_window(export: Path) -> int | None:
-    """The held-out tokens the export's parity perplexity read (its report in manifest.json; `[export].parity_tokens`,
-    scaled with the model by default: raipack.runtime.budget), None when the export's report does not say."""
+def _export_report(export: Path) -> dict:
     import json
 
     try:
-        tokens = json.loads((Path(export) / "manifest.json").read_text("utf-8"))["report"]["parity"]["perplexity"]["tokens"]
+        report = json.loads((Path(export) / "manifest.json").read_text("utf-8"))["report"]
     except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def export_window(export: Path) -> int | None:
+    """The held-out tokens the export's parity perplexity read (its report in manifest.json; `[export].parity_tokens`,
+    scaled with the model by default: raipack.runtime.budget), None when the export's report does not say."""
+    try:
+        tokens = _export_report(export)["parity"]["perplexity"]["tokens"]
+    except (KeyError, TypeError):
         return None
-    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 2 else None
+    return tokens if _count(tokens) and tokens >= 2 else None
+
+
+def export_budget(export: Path) -> tuple[float, int | None]:
+    """The export's check budget as its report records it (raipack.runtime.budget.Budget): its scale (the share of the
+    full budget the model's forward cost leaves; 1.0 when the report does not say: the full checks) and its answer
+    length (None when it does not say)."""
+    budget = _export_report(export).get("check_budget")
+    budget = budget if isinstance(budget, dict) else {}
+    scale, answer = budget.get("scale"), budget.get("answer_tokens")
+    scale = float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale <= 1 else 1.0
+    return scale, (answer if _count(answer) and answer >= 1 else None)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def float_perplexity(report: dict, runtime, tok, progress, window: int | None = None) -> list[int]:
@@ -69,11 +93,21 @@ def float_perplexity(report: dict, runtime, tok, progress, window: int | None = 
     return ids
 
 
-def device_run(report: dict, pkg: Path, tok, prompts: tuple[list[int], list[int]], cfg, progress) -> None:
-    """The package under `report["numerics"]`: its greedy answer to the fixed prompt (and whether it differs from
-    the float one), and its held-out perplexity when `prompts` (the fixed prompt, the window) has a window."""
+class Asked(NamedTuple):
+    """What the device run answers and scores."""
+
+    fixed: list[int]  # the fixed prompt
+    window: list[int]  # the held-out window, [] for no perplexity
+    float_tokens: list[int]  # the float run's answer to the fixed prompt
+    length: int  # this answer's new tokens: the check budget's (the export's report; 8 at Llama-3.1-8B)
+
+
+def device_run(report: dict, pkg: Path, tok, asked: Asked, cfg, progress) -> None:
+    """The package under `report["numerics"]`: its greedy answer to the fixed prompt, `asked.length` tokens so the
+    prediction's decode steps stop growing with the model, and whether it differs from as many of the float answer's
+    tokens; its held-out perplexity when `asked` has a window."""
     numerics = report["numerics"]
-    fixed, ids = prompts
+    fixed, ids, float_tokens, length = asked
     from raipack.runtime.heldout import package_perplexity  # late: heavy imports wait for the run (see above)
 
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
@@ -82,10 +116,13 @@ def device_run(report: dict, pkg: Path, tok, prompts: tuple[list[int], list[int]
 
     runtime = ReferenceRuntime(pkg, threads=cfg.threads, numerics=numerics)
     with progress.task(f"{numerics.upper()} numerics (predicted on the device)", 1 + bool(ids)) as advance:
-        got = runtime.generate(fixed, cfg.max_new_tokens, stop_at_eos=True)
-        answer = tok.decode([t for t in got if t not in runtime.eos_token_ids], skip_special_tokens=True).strip()
-        report[f"answer_{numerics}"] = answer
-        report["numerics_changed_answer"] = answer != report.get("answer", "")
+        got = runtime.generate(fixed, length, stop_at_eos=True)
+        stop = runtime.eos_token_ids
+        answer_text = tok.decode([t for t in got if t not in stop], skip_special_tokens=True).strip()
+        report[f"answer_{numerics}"] = answer_text
+        report[f"answer_{numerics}_tokens"] = len(got)
+        float_part = float_tokens[: next((i + 1 for i, t in enumerate(float_tokens[:length]) if t in stop), length)]
+        report["numerics_changed_answer"] = list(got) != list(float_part)
         advance()
         if ids:
             report[f"ppl_package_{numerics}"] = round(package_perplexity(runtime, ids), 4)

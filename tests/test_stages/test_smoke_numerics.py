@@ -8,6 +8,7 @@ the float run stays as the check of the fusion. The runs themselves are tests/te
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -94,7 +95,65 @@ def test_the_stage_on_a_reference_package_predicts_the_device_under_bfp16_by_def
     report = stage.run(job)
     assert report["numerics"] == "bfp16" and report["tokens_match_export"] is True  # the float run still checks the fusion
     assert report["ppl_package_bfp16"] > 1 and report["ppl_package"] > 1 and report["ppl_package_bfp16"] != report["ppl_package"]
-    assert isinstance(report["answer_bfp16"], str) and report["numerics_changed_answer"] is (report["answer_bfp16"] != report["answer"])
+    assert isinstance(report["answer_bfp16"], str) and isinstance(report["numerics_changed_answer"], bool)
+    assert 1 <= report["answer_bfp16_tokens"] <= 8  # max_new_tokens, or the export's check budget when shorter
     assert report["seconds_numerics"] > 0 and report["ttft_cold_s"] > 0 and "not published" in report["numerics_note"]
     assert report["summary"].startswith("cpu-reference (BFP16, predicted): ")
     assert {"numerics", "ppl_package_bfp16", "answer_bfp16", "numerics_changed_answer", "numerics_note"} <= set(report["quality"])
+
+
+def test_the_bfp16_answer_is_the_budgets_length_and_compared_with_as_many_float_tokens(monkeypatch):
+    """Below the full budget the BFP16 answer has the budget's answer_tokens (8 at Llama-3.1-8B), not the float
+    answer's max_new_tokens; whether the numerics changed it compares it with the float answer's first tokens."""
+    pytest.importorskip("quark", reason="BFP16 needs amd-quark (raipack's build extra)")
+    import tempfile
+    from pathlib import Path
+
+    from factory import reference_export, reference_package
+    from raipack.builder.progress import Progress
+    from raipack.core.stage import Job
+    from raipack.stages.smoke import device, stage
+
+    monkeypatch.setattr(device, "export_budget", lambda export: (0.5, 3))
+    lengths = []
+    real = device.device_run
+    monkeypatch.setattr(device, "device_run", lambda *a: lengths.append(a[3].length) or real(*a))
+    cfg = stage.SmokeConfig(max_new_tokens=8, tiers="all", max_tier=1, perplexity=False)
+    job = Job(stage=stage.STAGE, config=cfg, inputs={"fuse": reference_package("reference-4K"), "export": reference_export()[0]},
+              workdir=Path(tempfile.mkdtemp()), profile=SimpleNamespace(target=Target.REFERENCE),
+              recipe=SimpleNamespace(model=None, expected_answer=None), progress=Progress("quiet"))
+    report = stage.run(job)
+    assert lengths == [3] and report["answer_bfp16_tokens"] <= 3 and report["tokens_match_export"] is True
+
+
+@pytest.mark.parametrize(("float_tokens", "got", "changed"), [
+    ([5, 6, 7, 9, 9, 9], [5, 6, 7], False),  # the same first three tokens: unchanged, however long the float answer
+    ([5, 6, 8, 9], [5, 6, 7], True),
+    ([5, 2, 7, 7], [5, 2], False),  # both stop at the EOS (id 2)
+    ([5, 6], [5, 6, 7], True),
+])
+def test_numerics_changed_answer_compares_the_prediction_with_as_many_float_tokens(monkeypatch, float_tokens, got, changed):
+    import contextlib
+
+    from raipack.runtime import reference
+    from raipack.stages.smoke import device
+
+    class Fake:
+        eos_token_ids = {2}
+
+        def __init__(self, *a, **k):
+            pass
+
+        def generate(self, ids, n, stop_at_eos=True):
+            assert n == 3
+            return got
+
+    class Quiet:
+        def task(self, *a, **k):
+            return contextlib.nullcontext(lambda n=1: None)
+
+    monkeypatch.setattr(reference, "ReferenceRuntime", Fake)
+    tok = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: " ".join(map(str, ids)))
+    report = {"numerics": "bfp16", "answer": "whatever"}
+    device.device_run(report, Path("."), tok, device.Asked([1, 2, 3], [], float_tokens, 3), SimpleNamespace(threads=None), Quiet())
+    assert report["numerics_changed_answer"] is changed and report["answer_bfp16_tokens"] == len(got)

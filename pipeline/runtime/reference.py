@@ -59,6 +59,8 @@ class RuntimeRefusal(ValueError):
 class ReferenceRuntime:
     """Loads a reference package and runs greedy generation on the CPU (see the module docstring)."""
 
+    graph_edited = False  # a subclass that edits the graph in memory (pipeline/runtime/scoring.py) sets it
+
     def __init__(self, pkg_dir: str | Path, threads: int | None = None, *, verify: str = "sha256", sdk_version: str | None = None,
                  numerics: str = "float"):
         self.pkg = Path(pkg_dir)
@@ -190,9 +192,10 @@ class ReferenceRuntime:
         graph: str | bytes = str(graph_path)
         self.rounding = {}
         if self._library is not None:  # the rewritten graph, from memory; its other external data still from the package
-            rewritten, self.rounding = numerics_mod.rewrite(model, self.numerics)
-            graph = rewritten.SerializeToString()
+            model, self.rounding = numerics_mod.rewrite(model, self.numerics)
             so.register_custom_ops_library(str(self._library))
+        if self._library is not None or self.graph_edited:
+            graph = model.SerializeToString()
             so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph_path.parent))
         try:
             self.session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])

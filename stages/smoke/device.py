@@ -8,7 +8,8 @@ gets the runtime's own refusal. BFP16 as Quark defines it; the NPU's exact arith
 (pipeline/runtime/numerics.py HONEST, shown with every BFP16 figure).
 
 The float runtime is freed before the BFP16 one loads (one model's weights at a time, as for the
-export's check), so the stage's peak memory is the larger of the two runs, not their sum.
+export's check), so the stage's peak memory is the larger of the two runs, not their sum. Both perplexities
+are scored from the window's prefill (pipeline/runtime/scoring.py), not one token step per token.
 """
 
 from __future__ import annotations
@@ -102,6 +103,20 @@ class Asked(NamedTuple):
     length: int  # this answer's new tokens: the check budget's (the export's report; 8 at Llama-3.1-8B)
 
 
+def scored_float(report: dict, pkg: Path, tok, threads: int | None, progress, export: Path) -> list[int]:
+    """float_perplexity on a scoring runtime of its own (the window's rows from its prefill, not one token step per
+    token), freed before it returns; the window's ids."""
+    import gc
+
+    from raipack.runtime.scoring import ScoringRuntime  # late: heavy imports wait for the run (see above)
+
+    scorer = ScoringRuntime(pkg, threads=threads)
+    ids = float_perplexity(report, scorer, tok, progress, export_window(export))
+    del scorer
+    gc.collect()
+    return ids
+
+
 def device_run(report: dict, pkg: Path, tok, asked: Asked, cfg, progress) -> None:
     """The package under `report["numerics"]`: its greedy answer to the fixed prompt, `asked.length` tokens so the
     prediction's decode steps stop growing with the model, and whether it differs from as many of the float answer's
@@ -112,9 +127,9 @@ def device_run(report: dict, pkg: Path, tok, asked: Asked, cfg, progress) -> Non
 
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.numerics import HONEST
-    from raipack.runtime.reference import ReferenceRuntime  # late: as above
+    from raipack.runtime.scoring import ScoringRuntime  # late: as above
 
-    runtime = ReferenceRuntime(pkg, threads=cfg.threads, numerics=numerics)
+    runtime = ScoringRuntime(pkg, threads=cfg.threads, numerics=numerics)  # the window scored from its prefill
     with progress.task(f"{numerics.upper()} numerics (predicted on the device)", 1 + bool(ids)) as advance:
         got = runtime.generate(fixed, length, stop_at_eos=True)
         stop = runtime.eos_token_ids

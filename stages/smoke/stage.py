@@ -7,9 +7,9 @@ NPU's numerics by default (`numerics`, unset: pipeline/data/numerics.json "by_ta
 its answer to the fixed prompt and its held-out perplexity under BFP16 activations (pipeline/runtime/numerics.py),
 the prediction of what the device computes, beside the float perplexity on the same window (the export's,
 pipeline/runtime/heldout.py; its length scales with the model: raipack.runtime.budget). `numerics = "float"` in the recipe keeps the float run alone; `perplexity = false`
-keeps only the answers. The float run is the check of the fusion: the package's tokens are checked against the
-export's (at Llama-3.1-8B the 256 token steps took 99 s, a sixth of the package's own runs); BFP16 rounding would
-blur that check, so it stays float.
+keeps only the answers; both windows are scored from their prefill on a scoring runtime (pipeline/runtime/scoring.py).
+The float run is the check of the fusion: the package's tokens are checked against the export's; BFP16 rounding
+would blur that check, so it stays float.
 
 The package decodes every prompt the NPU runtime's way, after one untimed warm-up call (its time is kept as
 `ttft_cold_s`: the first call pays for onnxruntime's first run, not for the prompt's length); the export checks
@@ -114,17 +114,17 @@ def run(job: Job) -> dict:
     scale, answer_tokens = device.export_budget(export)
     runs = _run_package(report, runtime, tok, fixed, cfg, job.progress)
     seconds = {"package": time.perf_counter() - started}
-    ids: list[int] = []
-    if cfg.perplexity if cfg.perplexity is not None else numerics != "float":
-        started = time.perf_counter()
-        ids = device.float_perplexity(report, runtime, tok, job.progress, device.export_window(export))
-        seconds["perplexity"] = time.perf_counter() - started
-    # One model at a time: the package's weights are freed before the next is loaded, the BFP16 runtime or the
-    # export (at 8B each is ~8 GiB; held together they were the stage's peak). The export checks the package's
-    # tokens afterwards.
+    # One model at a time: the package's weights are freed before the next is loaded, the scoring runtimes (float,
+    # then BFP16) or the export (at 8B each is ~8 GiB; held together they were the stage's peak). The export checks
+    # the package's tokens afterwards.
     pkg_dir = runtime.pkg
     del runtime
     gc.collect()
+    ids: list[int] = []
+    if cfg.perplexity if cfg.perplexity is not None else numerics != "float":
+        started = time.perf_counter()
+        ids = device.scored_float(report, pkg_dir, tok, cfg.threads, job.progress, export)
+        seconds["perplexity"] = time.perf_counter() - started
     if numerics != "float":
         started = time.perf_counter()
         length = min(cfg.max_new_tokens, answer_tokens or cfg.max_new_tokens)

@@ -124,7 +124,7 @@ def test_smoke_checks_every_tier_against_one_export_prefill(monkeypatch):
     assert report["seconds_package"] > 0 and report["seconds_export_check"] > 0 and "seconds_perplexity" not in report
 
 def test_the_package_perplexity_runs_under_bfp16_or_when_asked():
-    """Under float numerics the package's perplexity (one token step per held-out token: 99 s at Llama-3.1-8B) runs
+    """Under float numerics the package's perplexity (its window's prefill on a scoring runtime: a model load of its own) runs
     only when asked; it is timed apart from the package's runs, as raipack's own check."""
     from raipack.stages.smoke import stage
 

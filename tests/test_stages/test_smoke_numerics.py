@@ -135,7 +135,7 @@ def test_the_bfp16_answer_is_the_budgets_length_and_compared_with_as_many_float_
 def test_numerics_changed_answer_compares_the_prediction_with_as_many_float_tokens(monkeypatch, float_tokens, got, changed):
     import contextlib
 
-    from raipack.runtime import reference
+    from raipack.runtime import scoring
     from raipack.stages.smoke import device
 
     class Fake:
@@ -152,7 +152,7 @@ def test_numerics_changed_answer_compares_the_prediction_with_as_many_float_toke
         def task(self, *a, **k):
             return contextlib.nullcontext(lambda n=1: None)
 
-    monkeypatch.setattr(reference, "ReferenceRuntime", Fake)
+    monkeypatch.setattr(scoring, "ScoringRuntime", Fake)
     tok = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: " ".join(map(str, ids)))
     report = {"numerics": "bfp16", "answer": "whatever"}
     device.device_run(report, Path("."), tok, device.Asked([1, 2, 3], [], float_tokens, 3), SimpleNamespace(threads=None), Quiet())

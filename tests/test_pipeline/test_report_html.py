@@ -28,7 +28,9 @@ REPORTS = {  # what the real stages record, in their shapes (see a real build's 
                                                                    "answer_source": "Paris.", "answer_quantized": "Paris, France."}},
     "export": {"quality": {"ppl_quark": 35.53, "ppl_exported": 35.53, "ppl_ratio": 1.0, "greedy_identical": True}},
     "smoke": {"device": "cpu-reference", "ttft_s": {"1": 0.09, "125": 0.33, "253": 0.56, "509": 1.2}, "decode_tokens_per_s": 39.9,
-              "tiers": [{"tier": 128, "prompt_tokens": 125, "ttft_s": 0.33, "tokens_match_export": True}],
+              "tiers": [{"tier": 128, "prompt_tokens": 125, "ttft_s": 0.33, "tokens_match_export": True},
+                        {"tier": 4096, "prompt_tokens": 3073, "ttft_s": 9.5, "tokens_match_export": None,
+                         "export_not_checked": "3073 + 4 tokens are over the check budget's 1092"}],
               "quality": {"device": "cpu-reference", "answer": "Paris", "tokens_match_export": True, "ppl_package": 35.53, "ppl_package_bfp16": 36.24,
                           "answer_bfp16": "Paris.", "numerics_note": "BFP16 as Quark defines it; the NPU's exact arithmetic is not published"}},
 }
@@ -240,3 +242,13 @@ def test_make_test_waits_for_another_apt_holding_the_lock():
     done = subprocess.run(["make", "-n", "-B", "chromium"], cwd=root, capture_output=True, text=True, check=True)
     calls = done.stdout.split("apt-get")[1:]
     assert len(calls) == 2 and all(c.lstrip().startswith("-o DPkg::Lock::Timeout=120") for c in calls), done.stdout
+
+
+def test_the_smoke_tier_table_says_which_tiers_the_export_did_not_check(built):
+    """A tier over the check budget (tokens_match_export None) reads "not checked" and why, never "no"."""
+    import re
+
+    html = (built[0] / "report.html").read_text()
+    table = html[html.index('id="smoke-tier-table"'):]
+    rows = re.findall(r"<tr><td class=\"n\">(\d+)</td>.*?<td>([^<]*)</td></tr>", table[: table.index("</table>")])
+    assert rows == [("128", "yes"), ("4096", "not checked: 3073 + 4 tokens are over the check budget&#39;s 1092")]

@@ -46,3 +46,16 @@ def probe_budget(config_json: dict[str, Any] | None, setting: int | str = "auto"
     tokens = max(data["min_perplexity_tokens"], round(data["perplexity_tokens"] * scale))
     answer = max(data["min_answer_tokens"], round(data["answer_tokens"] * scale))
     return Budget(tokens, answer, f"auto: {params / 1e9:.2f}B forward parameters, scale {scale:.2f}", round(scale, 4))
+
+
+def folder_budget(folder, setting: int | str = "auto") -> Budget:
+    """probe_budget for a model folder: its config.json read leniently (unreadable or not an object: the full budget,
+    which the Budget's basis says)."""
+    import json
+    from pathlib import Path
+
+    try:
+        doc = json.loads((Path(folder) / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        doc = None
+    return probe_budget(doc if isinstance(doc, dict) else None, setting)

@@ -31,7 +31,7 @@ class ExportConfig:
 def run(job: Job) -> dict:
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.data import heldout_text
-    from raipack.runtime.budget import probe_budget  # late: as above
+    from raipack.runtime.budget import folder_budget  # late: as above
     from raipack.stages.export.builder import export  # late: as above
     from raipack.stages.export.parity import parity  # late: as above
 
@@ -51,7 +51,7 @@ def run(job: Job) -> dict:
 
         gc.collect()
         trim_heap()  # the builder's freed tensors go back to the system before parity loads its models
-        budget = probe_budget(_quark_config(quark), cfg.parity_tokens)
+        budget = folder_budget(quark, cfg.parity_tokens)  # the Quark export's config.json
         p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps, positions=cfg.parity_positions,
                    max_heldout_tokens=budget.tokens)
         report["parity"] = p
@@ -65,18 +65,6 @@ def run(job: Job) -> dict:
     q = report.get("quality", {})
     report["summary"] = "OGA int4 " + execution_provider + (f", ppl ratio {q['ppl_ratio']:.4f}, greedy {'identical' if q['greedy_identical'] else 'differs'}" if q else "")
     return report
-
-
-def _quark_config(quark) -> dict | None:
-    """The Quark export's config.json (the model's sizes for the check budget), None when unreadable."""
-    import json
-    from pathlib import Path
-
-    try:
-        doc = json.loads((Path(quark) / "config.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def preflight(config: ExportConfig, target: dict) -> None:

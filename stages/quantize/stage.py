@@ -12,10 +12,15 @@ from raipack.npu.spec import Profile
 from raipack.stages.quantize.quark_awq import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 
 PROMPT = "What is the capital of France?"
-# the probes' greedy answer to PROMPT: a sentence's worth of tokens (32 before issue 25: at Llama-3.1-8B each step is
-# about 0.8 s per model in transformers, and the probes were 30 % of the RTN stage); fewer above 2B forward
-# parameters with quality_tokens = "auto" (pipeline/runtime/budget.py, pipeline/data/probes.json)
-ANSWER_TOKENS = 16
+
+
+def full_answer_tokens() -> int:
+    """The probes' greedy answer to PROMPT at the full budget: a sentence's worth of tokens (pipeline/data/probes.json
+    answer_tokens, 16; 32 before issue 25: at Llama-3.1-8B each step is about 0.8 s per model in transformers); fewer
+    above 2B forward parameters with quality_tokens = "auto" (pipeline/runtime/budget.py)."""
+    from raipack.runtime.budget import probes_data  # late: the stage registry imports every stage by name
+
+    return int(probes_data()["answer_tokens"])
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ def _check_quality_tokens(value: int | str) -> None:  # str: the recipe parser a
                          'set quality_tokens = "auto" (the default), or quality = false to skip the probes')
 
 
-def probe_source(model, source, text: str, *, tokens: int = 256, answer_tokens: int = ANSWER_TOKENS) -> dict:
+def probe_source(model, source, text: str, *, tokens: int = 256, answer_tokens: int | None = None) -> dict:
     """The source's probe on a model already loaded (Quark's, before it quantizes): its perplexity on the first
     `tokens` tokens of `text` and its greedy answer, with the seconds they took."""
     import time
@@ -106,7 +111,7 @@ def probe_source(model, source, text: str, *, tokens: int = 256, answer_tokens: 
 
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=False, local_files_only=True)
-    scores = _scores("source", model, tok, text, (tokens, answer_tokens))
+    scores = _scores("source", model, tok, text, (tokens, answer_tokens or full_answer_tokens()))
     # the probe read the whole mapped lm_head (1 GiB at 8B); its pages would stay resident through Quark's export, on top of its peak
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     released = release_resident_pages([getattr(embed, "weight", None), getattr(head, "weight", None)])
@@ -125,7 +130,7 @@ def _scores(label: str, model, tok, text: str, budget: tuple[int, int]) -> dict:
 
 
 def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int | tuple[int, int] = 256, source_probe: dict | None = None) -> dict:
-    """Perplexity on the first `tokens` tokens of `text` (one forward) and the greedy answer (ANSWER_TOKENS new tokens, or
+    """Perplexity on the first `tokens` tokens of `text` (one forward) and the greedy answer (full_answer_tokens() new tokens, or
     `tokens` is the pair (perplexity tokens, answer tokens): raipack.runtime.budget.probe_budget), of the source in
     the stage's `dtype` and of the quantized export as transformers reloads it, its linears dequantized once
     (Quark's modules dequantize on every call: the greedy decode was most of the probes' time). `source_probe`:
@@ -138,7 +143,7 @@ def measure(source, quantized, text: str, *, dtype: str = "float32", tokens: int
     from raipack.stages.quantize.owned import own_mapped_tensors  # late: as above
     from raipack.stages.quantize.quality import load_hf  # late: as above
 
-    tokens, answer_tokens = tokens if isinstance(tokens, tuple) else (tokens, ANSWER_TOKENS)
+    tokens, answer_tokens = tokens if isinstance(tokens, tuple) else (tokens, full_answer_tokens())
     t0 = time.perf_counter()
     out: dict = {}
     parts: dict[str, float] = {}  # what each part of the probes cost: the source's probe, the export's reload, its dequantization, its probe

@@ -50,13 +50,15 @@ def test_the_recipe_parser_admits_auto_or_an_integer():
 
 
 def test_the_export_parity_window_is_auto_by_default_and_refuses_a_bad_one():
-    from raipack.stages.export.stage import ExportConfig, _quark_config, preflight
+    from raipack.runtime.budget import folder_budget
+    from raipack.stages.export.stage import ExportConfig, preflight
 
     assert ExportConfig().parity_tokens == "auto"
     preflight(ExportConfig(), {})  # "auto" passes
     with pytest.raises(UsageError, match=r"\[export\]\.parity_tokens is 'many'; expected a whole number of at least 2 or \"auto\""):
         preflight(ExportConfig(parity_tokens="many"), {})
-    assert _quark_config(Path("/nonexistent")) is None
+    missing = folder_budget(Path("/nonexistent"))  # an unreadable config.json: the full budget, and the basis says why
+    assert missing.tokens == 256 and missing.scale == 1.0 and "no size" in missing.basis
 
 
 def test_the_smoke_window_is_the_exports(tmp_path):

@@ -312,12 +312,12 @@ def test_parity_with_transformers(oga_default, tiny_quark):
 def test_parity_reads_the_held_out_token_budget(oga_default, tiny_quark):
     """[export].parity_tokens reaches both perplexities: 16 tokens read where the default ("auto": the full budget at
     the tiny model's size, raipack.runtime.budget) reads more."""
-    from raipack.runtime.budget import probe_budget
+    from raipack.runtime.budget import folder_budget
     from raipack.stages.export.parity import parity
-    from raipack.stages.export.stage import ExportConfig, _quark_config
+    from raipack.stages.export.stage import ExportConfig
 
     small = parity(tiny_quark.quark_dir, oga_default[0], PROMPTS[:1], HELDOUT_TEXT, steps=4, max_heldout_tokens=16)
-    default = probe_budget(_quark_config(tiny_quark.quark_dir), ExportConfig().parity_tokens)
+    default = folder_budget(tiny_quark.quark_dir, ExportConfig().parity_tokens)
     assert small["perplexity"]["tokens"] == 16 < default.tokens == 256 and default.basis.startswith("auto: ")
 
 

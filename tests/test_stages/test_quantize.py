@@ -427,15 +427,15 @@ def test_quality_probe_budget_and_dequantized_reload(awq_export, src_with_extras
 
 
 def test_the_probes_answer_in_a_sentence_of_tokens(awq_export, src_with_extras, monkeypatch):
-    """Each model's greedy answer is ANSWER_TOKENS new tokens at most (16: at 8B a step is ~0.8 s per model)."""
+    """Each model's greedy answer is the full budget's answer_tokens at most (probes.json: 16; at 8B a step is ~0.8 s per model)."""
     from raipack.stages.quantize import quality
-    from raipack.stages.quantize.stage import ANSWER_TOKENS, measure
+    from raipack.stages.quantize.stage import full_answer_tokens, measure
 
     asked, real = [], quality.greedy_answer
     monkeypatch.setattr(quality, "greedy_answer", lambda model, tok, prompt, max_new_tokens=32: asked.append(max_new_tokens) or real(model, tok, prompt, max_new_tokens))
     out, _, _ = awq_export
     q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=8)
-    assert asked == [ANSWER_TOKENS, ANSWER_TOKENS] == [16, 16] and q["answer_source"] and q["answer_quantized"] and q["answer_tokens"] == 16
+    assert asked == [full_answer_tokens()] * 2 == [16, 16] and q["answer_source"] and q["answer_quantized"] and q["answer_tokens"] == 16
     # a smaller budget (quality_tokens = "auto" above 2B forward parameters: budget.py) reaches both answers, and the record says what each part cost
     q = measure(src_with_extras, out, HELDOUT.read_text(), tokens=(8, 5))
     assert asked[2:] == [5, 5] and q["answer_tokens"] == 5

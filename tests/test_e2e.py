@@ -57,7 +57,11 @@ def test_example_model_builds_validates_and_answers(tmp_path):
     assert smoke["overlong_prompt_refused"] is True
     # issue 39: the NPU target's numerics by default: the answer and perplexity under BFP16, beside the float check
     assert smoke["numerics"] == "bfp16" and smoke["answer_bfp16"] and smoke["ttft_cold_s"] > 0
-    assert smoke["numerics_changed_answer"] is (smoke["answer_bfp16"] != smoke["answer"])  # and report.html says so on its first screen
+    # the BFP16 answer is the check budget's 16 tokens at most, compared with as many of the float answer's (report.html
+    # says on its first screen whether they differ)
+    assert isinstance(smoke["numerics_changed_answer"], bool) and 1 <= smoke["answer_bfp16_tokens"] <= 16
+    if not smoke["numerics_changed_answer"]:
+        assert smoke["answer"].startswith(smoke["answer_bfp16"])
     # BFP16 rounding moves the perplexity a little, either way: +0.67 % and +0.76 % at 1 x 128 calibration tokens,
     # -0.18 % at 1 x 64 (docs/measurements/bfp16.md, e2e.md)
     assert 0 < abs(smoke["ppl_package_bfp16"] / smoke["ppl_package"] - 1) < 0.05, smoke

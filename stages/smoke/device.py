@@ -64,15 +64,12 @@ def export_window(export: Path) -> int | None:
     return tokens if _count(tokens) and tokens >= 2 else None
 
 
-def export_budget(export: Path) -> tuple[float, int | None]:
-    """The export's check budget as its report records it (raipack.runtime.budget.Budget): its scale (the share of the
-    full budget the model's forward cost leaves; 1.0 when the report does not say: the full checks) and its answer
-    length (None when it does not say)."""
+def export_answer_tokens(export: Path) -> int | None:
+    """The answer length of the export's check budget as its report records it (raipack.runtime.budget.Budget: 16 up
+    to 2B forward parameters, 8 at Llama-3.1-8B); None when the report does not say."""
     budget = _export_report(export).get("check_budget")
-    budget = budget if isinstance(budget, dict) else {}
-    scale, answer = budget.get("scale"), budget.get("answer_tokens")
-    scale = float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale <= 1 else 1.0
-    return scale, (answer if _count(answer) and answer >= 1 else None)
+    answer = budget.get("answer_tokens") if isinstance(budget, dict) else None
+    return answer if _count(answer) and answer >= 1 else None
 
 
 def _count(value) -> bool:
@@ -110,7 +107,7 @@ def scored_float(report: dict, pkg: Path, tok, threads: int | None, progress, ex
 
     from raipack.runtime.scoring import ScoringRuntime  # late: heavy imports wait for the run (see above)
 
-    scorer = ScoringRuntime(pkg, threads=threads)
+    scorer = ScoringRuntime(pkg, threads=threads, verify="sizes")  # hashed by the stage's first load (see device_run)
     ids = float_perplexity(report, scorer, tok, progress, export_window(export))
     del scorer
     gc.collect()
@@ -129,7 +126,9 @@ def device_run(report: dict, pkg: Path, tok, asked: Asked, cfg, progress) -> Non
     from raipack.runtime.numerics import HONEST
     from raipack.runtime.scoring import ScoringRuntime  # late: as above
 
-    runtime = ScoringRuntime(pkg, threads=cfg.threads, numerics=numerics)  # the window scored from its prefill
+    # the window scored from its prefill; the package's files were hashed against its manifest by the stage's first
+    # load moments before (the runtime that answered and was checked against the export): sizes and offsets here
+    runtime = ScoringRuntime(pkg, threads=cfg.threads, numerics=numerics, verify="sizes")
     with progress.task(f"{numerics.upper()} numerics (predicted on the device)", 1 + bool(ids)) as advance:
         got = runtime.generate(fixed, length, stop_at_eos=True)
         stop = runtime.eos_token_ids

@@ -14,10 +14,11 @@ would blur that check, so it stays float.
 The package decodes every prompt the NPU runtime's way, after one untimed warm-up call (its time is kept as
 `ttft_cold_s`: the first call pays for onnxruntime's first run, not for the prompt's length); the export checks
 its tokens from prefills (OrtDecoder.forced): the fixed prompt's in two calls, every tier's from one prefill of
-the longest tier prompt, of which the others are prefixes (docs/memory.md). Above the check budget's full size
-(raipack.runtime.budget, the export's report) that prefill stops at export_check_budget's tokens: at Llama-3.1-8B the
-largest tier runs and is checked for finite logits, not against the export, and the BFP16 answer is the budget's
-8 tokens; `[smoke] export_check = "all"` checks every tier."""
+the longest tier prompt, of which the others are prefixes (docs/memory.md). By default the export compares the
+fixed prompt and the tiers up to all_tiers_up_to; the largest tier runs and is checked for finite logits, and is
+compared with the export with `[smoke] export_check = "all"` (or `tiers = "all"`): its check costs the export about
+three quarters of the package's own run of it at every size, half of the stage's work (issue 41). The BFP16 answer
+is the check budget's length (raipack.runtime.budget, the export's report: 16 tokens, 8 at Llama-3.1-8B)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class SmokeConfig:
     threads: int | None = None
     perplexity: bool | None = None  # the package's held-out perplexity (cpu-reference only); default: when the numerics are not float
     numerics: Literal["float", "bfp16"] | None = None  # None: the target's (bfp16 for NPU and hybrid); bfp16: answer and perplexity under BFP16 too
-    export_check: Literal["auto", "all"] = "auto"  # auto: the tier prompts within the check budget (export_check_budget); all: every tier run
+    export_check: Literal["auto", "all"] = "auto"  # auto: the fixed prompt and the tiers up to all_tiers_up_to against the export; all: every tier run
 
 
 def tier_prompt(tokenizer, length: int) -> list[int]:
@@ -111,7 +112,7 @@ def run(job: Job) -> dict:
     numerics = device.numerics_of(cfg, job.profile, report)
     if cfg.export_check not in ("auto", "all"):
         raise UsageError(f"[smoke].export_check is {cfg.export_check!r}; expected \"auto\" or \"all\"", "set export_check in the recipe")
-    scale, answer_tokens = device.export_budget(export)
+    answer_tokens = device.export_answer_tokens(export)
     runs = _run_package(report, runtime, tok, fixed, cfg, job.progress)
     seconds = {"package": time.perf_counter() - started}
     # One model at a time: the package's weights are freed before the next is loaded, the scoring runtimes (float,
@@ -135,8 +136,8 @@ def run(job: Job) -> dict:
             job.progress.line(f"  {lacks}", "yellow")
         gc.collect()
     started = time.perf_counter()
-    limit = export_check_budget(scale) if cfg.export_check == "auto" else None
-    _check_against_export(report, export, runs, cfg.threads, limit)
+    up_to = None if cfg.export_check == "all" or cfg.tiers == "all" or not runs.padded else cfg.all_tiers_up_to
+    _check_against_export(report, export, runs, cfg.threads, up_to)
     seconds["export_check"] = time.perf_counter() - started
     report.update({f"seconds_{k}": round(v, 2) for k, v in seconds.items()})
     report["peak_rss_mib"] = round(peak_rss_mib(), 1)
@@ -156,6 +157,7 @@ class PackageRuns(NamedTuple):
     tokens: list[int]
     longest: list[int]
     tiers: list[dict]
+    padded: bool  # the package has prefill tiers (a hybrid package's prompt runs unpadded: its one prompt is always compared)
 
 
 def _run_package(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig, progress) -> PackageRuns:
@@ -190,23 +192,13 @@ def _run_package(report: dict, runtime, tok, fixed: list[int], cfg: SmokeConfig,
     except RuntimeRefusal as exc:
         report["overlong_prompt_refused"] = True
         report["overlong_prompt_message"] = str(exc)
-    return PackageRuns(fixed, list(main.tokens), longest, per_tier)
+    return PackageRuns(fixed, list(main.tokens), longest, per_tier, bool(runtime.prefill_tiers))
 
 
-def export_check_budget(scale: float) -> int | None:
-    """The most tokens the export's check of the tier prompts reads (a prompt and its new tokens), None for no limit:
-    pipeline/data/probes.json's export_check_tokens times the check budget's scale, below the full budget only (at
-    Llama-3.1-8B the largest tier's 3073 + 4 tokens were 107 s of the export's forward, 37 % of the package's own runs)."""
-    # late: the stage registry imports every stage by name; its work loads only when the stage runs
-    from raipack.runtime.budget import probes_data
-
-    return None if scale >= 1.0 else round(probes_data()["export_check_tokens"] * scale)
-
-
-def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads: int | None, limit: int | None = None) -> None:
-    """The export's greedy choices along the package's tokens: the fixed prompt in two calls, every tier within
-    `limit` tokens from one prefill of the longest such prompt (OrtDecoder.forced); each tier record gets
-    `tokens_match_export` for its tokens, None with `export_not_checked` (why) for a tier over the limit."""
+def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads: int | None, up_to: int | None = None) -> None:
+    """The export's greedy choices along the package's tokens: the fixed prompt in two calls, every tier up to `up_to`
+    (all when None) from one prefill of the longest such prompt (OrtDecoder.forced); each tier record gets
+    `tokens_match_export` for its tokens, None with `export_not_checked` (why) for a tier above `up_to`."""
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.ortloop import OrtDecoder
 
@@ -214,7 +206,7 @@ def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads
     fixed = runs.fixed
     expected = reference.forced(fixed, {len(fixed): runs.tokens}, EXPORT_CHUNK)[len(fixed)]  # two export calls, not a decode loop
     report["tokens_match_export"] = runs.tokens == list(expected)
-    checked = [t for t in runs.tiers if limit is None or t["prompt_tokens"] + len(t["tokens"]) <= limit]
+    checked = [t for t in runs.tiers if up_to is None or t["tier"] <= up_to]
     want = reference.forced(runs.longest, {t["prompt_tokens"]: t["tokens"] for t in checked}, EXPORT_CHUNK) if checked else {}
     for t in runs.tiers:
         tokens = list(t.pop("tokens"))
@@ -222,10 +214,8 @@ def _check_against_export(report: dict, export: Path, runs: PackageRuns, threads
             t["tokens_match_export"] = tokens == want[t["prompt_tokens"]]
         else:
             t["tokens_match_export"] = None
-            t["export_not_checked"] = (f"{t['prompt_tokens']} + {len(tokens)} tokens are over the check budget's {limit} at this model's "
-                                       "size ([smoke] export_check = \"all\" checks it)")
-    if limit is not None:
-        report["export_check_tokens"] = limit
+            t["export_not_checked"] = (f"its {t['prompt_tokens']} + {len(tokens)} tokens would cost the export about three quarters of the package's own "
+                                       "run of this tier; [smoke] export_check = \"all\" compares it")
     report["tiers"] = runs.tiers
 
 

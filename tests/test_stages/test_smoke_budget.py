@@ -111,7 +111,7 @@ def test_smoke_checks_every_tier_against_one_export_prefill(monkeypatch):
     calls = []
     forward = OrtDecoder.forward
     monkeypatch.setattr(OrtDecoder, "forward", lambda self, ids, past, rows=None: calls.append(np.asarray(ids).shape[1]) or forward(self, ids, past, rows))
-    report = stage.run(smoke_job())
+    report = stage.run(smoke_job(export_check="all"))
     assert report["finite"] and report["tokens_match_export"]
     tiers = report["tiers"]
     assert [t["tier"] for t in tiers] == [1, 128, 256, 512, 768, 1024, 4096] and all(t["tokens_match_export"] for t in tiers)
@@ -165,34 +165,27 @@ def test_the_bench_compares_old_and_new_on_the_tiny_package(capsys):
     assert " 92 calls" in lines["old"] and " 16 calls" in lines["new"] and "CPU ratio  1.00" in lines["old"]
 
 
-def test_the_export_check_budget_is_every_tier_at_the_full_budget_and_scales_below():
-    """probes.json's export_check_tokens x the export's scale: no limit at the full budget; at Llama-3.1-8B's scale
-    (0.2667) 1092 tokens, so the tiers up to 1024 (1021 + 4) are checked and the largest (3073 + 4) is not."""
+def test_by_default_the_largest_tier_runs_but_the_export_compares_only_the_tiers_up_to_1024(monkeypatch):
+    """The package still runs every tier (its own work), the export's forward stops at the longest prompt up to
+    all_tiers_up_to: the largest tier's record says it was not compared and why, and the stage passes;
+    `export_check = "all"` (or tiers = "all") compares it."""
     from raipack.stages.smoke import stage
 
-    assert stage.export_check_budget(1.0) is None
-    assert stage.export_check_budget(0.2667) == 1092 and stage.export_check_budget(0.62) == 2540
-
-
-def test_below_the_full_budget_the_largest_tier_runs_but_the_export_reads_only_the_tiers_within_it(monkeypatch):
-    """The package still runs every tier (its own work), the export's forward stops at the budget: the largest tier's
-    record says it was not checked and why, the stage passes; `export_check = "all"` checks it again."""
-    from raipack.stages.smoke import device, stage
-
-    monkeypatch.setattr(device, "export_budget", lambda export: (0.2667, 8))
     calls = []
     forward = OrtDecoder.forward
     monkeypatch.setattr(OrtDecoder, "forward", lambda self, ids, past, rows=None: calls.append(np.asarray(ids).shape[1]) or forward(self, ids, past, rows))
-    report = stage.run(smoke_job())
+    report = stage.run(smoke_job(export_check="auto"))
     tiers = report["tiers"]
     assert [t["tier"] for t in tiers] == [1, 128, 256, 512, 768, 1024, 4096] and tiers[-1]["prompt_tokens"] == 3073
     assert all(t["tokens_match_export"] is True for t in tiers[:-1]) and tiers[-1]["tokens_match_export"] is None
-    assert "over the check budget's 1092" in tiers[-1]["export_not_checked"] and report["export_check_tokens"] == 1092
+    assert "export_check = \"all\" compares it" in tiers[-1]["export_not_checked"] and "3073 + 4 tokens" in tiers[-1]["export_not_checked"]
     assert tiers[-1]["finite"] and tiers[-1]["prefill_calls"] == [4096]  # run by the package all the same
-    # the export's prefill reads the longest checked prompt (1021 tokens: 512 + 509), then one call per checked tier
+    # the export's prefill reads the longest compared prompt (1021 tokens: 512 + 509), then one call per compared tier
     assert calls[1:] == [15, 512, 509] + [3] * 6
-    full = stage.run(smoke_job(export_check="all"))
-    assert full["tiers"][-1]["tokens_match_export"] is True and "export_check_tokens" not in full
+    calls.clear()
+    low = stage.run(smoke_job(export_check="auto", all_tiers_up_to=256))
+    assert [t["tokens_match_export"] for t in low["tiers"]] == [True, True, True, None]  # 1, 128, 256; the largest
+    assert calls[1:] == [15, 253] + [3] * 3
 
 
 def test_a_tier_over_the_budget_is_never_reported_as_differing(monkeypatch):
@@ -212,18 +205,18 @@ def test_a_bad_export_check_is_refused():
 
 
 @pytest.mark.parametrize(("budget", "expected"), [
-    ({"scale": 0.2667, "answer_tokens": 8}, (0.2667, 8)),
-    ({"scale": 1.0, "answer_tokens": 16}, (1.0, 16)),
-    ({"scale": True, "answer_tokens": "8"}, (1.0, None)),
-    ({"scale": 0, "answer_tokens": 0}, (1.0, None)),
-    ({"scale": 2.5}, (1.0, None)),
-    (None, (1.0, None)),
+    ({"scale": 0.2667, "answer_tokens": 8}, 8),
+    ({"scale": 1.0, "answer_tokens": 16}, 16),
+    ({"answer_tokens": "8"}, None),
+    ({"answer_tokens": True}, None),
+    ({"answer_tokens": 0}, None),
+    (None, None),
 ])
-def test_the_export_budget_is_read_from_its_report_and_a_missing_or_odd_one_gives_the_full_checks(tmp_path, budget, expected):
+def test_the_bfp16_answer_length_is_read_from_the_exports_report_and_an_odd_one_is_ignored(tmp_path, budget, expected):
     import json
 
     from raipack.stages.smoke import device
 
     (tmp_path / "manifest.json").write_text(json.dumps({"report": {"check_budget": budget}}))
-    assert device.export_budget(tmp_path) == expected
-    assert device.export_budget(tmp_path / "missing") == (1.0, None)
+    assert device.export_answer_tokens(tmp_path) == expected
+    assert device.export_answer_tokens(tmp_path / "missing") is None

@@ -114,7 +114,7 @@ def test_the_bfp16_answer_is_the_budgets_length_and_compared_with_as_many_float_
     from raipack.core.stage import Job
     from raipack.stages.smoke import device, stage
 
-    monkeypatch.setattr(device, "export_budget", lambda export: (0.5, 3))
+    monkeypatch.setattr(device, "export_answer_tokens", lambda export: 3)
     lengths = []
     real = device.device_run
     monkeypatch.setattr(device, "device_run", lambda *a: lengths.append(a[3].length) or real(*a))

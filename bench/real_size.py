@@ -358,6 +358,28 @@ def save(result: dict, target: Path) -> None:
     target.write_text(json.dumps(result, indent=2) + "\n")
 
 
+# Imported once before the first measured process, with bytecode written, so that no stage pays for compiling these
+# packages' Python sources: pip writes their .pyc at install (the Makefile installs with --no-compile for speed, and
+# Python writes them on first import), and a shell with PYTHONDONTWRITEBYTECODE=1 would compile them in every
+# process (Quark's import took 8.5 s here that way, 6.4 s of it compile(); issue 41, session 15).
+WARM_IMPORTS = ("import torch, onnx, onnxruntime, transformers; from transformers import AutoModelForCausalLM; "
+                "import transformers.models.llama.modeling_llama; import onnxruntime_genai.models.builder; "
+                "from raipack.stages.quark_import import import_quark; import_quark(); import raipack.cli")
+
+
+def user_env(base: dict) -> dict:
+    """The children's environment as a user's Python has it: bytecode written and read (PYTHONDONTWRITEBYTECODE dropped)."""
+    return {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def warm_bytecode(env: dict) -> dict:
+    """Imports the tools' and raipack's modules once in a child with `env` (user_env), writing their .pyc; the
+    seconds it took and whether it ran, for the result file."""
+    started = time.perf_counter()
+    run = subprocess.run([PY, "-c", WARM_IMPORTS], env=env, cwd=ROOT, capture_output=True, text=True)
+    return {"seconds": round(time.perf_counter() - started, 1), "rc": run.returncode, "dont_write_bytecode_dropped": "PYTHONDONTWRITEBYTECODE" in os.environ}
+
+
 def machine() -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with open("/proc/meminfo") as fh:
@@ -465,8 +487,8 @@ def _stage_index(name: str | None, default: int = 0) -> int:
 
 def run_all(args: argparse.Namespace, work: Path) -> int:
     cfg = {**MODELS[args.model], **(TINY if args.tiny else {})}
-    env = {**os.environ, "RAIPACK_CACHE": str(work / "cache")}
-    result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}}
+    env = {**user_env(dict(os.environ)), "RAIPACK_CACHE": str(work / "cache")}
+    result = {"machine_start": machine(), "model_name": args.model, "config": cfg, "rows": [], "packages": {}, "bytecode": warm_bytecode(env)}
     target = HERE / "out" / (f"real_size_{args.model}_tiny.json" if args.tiny else f"real_size_{args.model}.json")
     algorithms = args.algorithms.split(",")
     first, last = _stage_index(args.first), _stage_index(args.until, default=-1)

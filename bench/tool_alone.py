@@ -84,7 +84,7 @@ exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
 
 def run_tool(code: str, args: list[str], work: Path, sample_s: float = 0.2) -> dict:
     """`code` run with `args` in a child (real_size.measured): wall and CPU seconds, VmHWM, the peak RssAnon sampled, its JSON timings."""
-    run = real_size.measured([code, *args], dict(os.environ), work, sample_s, child=CHILD)
+    run = real_size.measured([code, *args], real_size.user_env(dict(os.environ)), work, sample_s, child=CHILD)  # bytecode as a user's
     lines = run["stdout"].strip().splitlines()
     return {"rc": run["rc"], "wall_s": round(run["wall_s"], 1), "cpu_s": round(run["cpu_s"], 1), "peak_rss": run["peak_rss"], "peak_anon": run["peak_anon"],
             "timings": json.loads(lines[-1]) if run["rc"] == 0 and lines else None,
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     target = HERE / "out" / f"real_size_{args.model}.json"
     result = json.loads(target.read_text()) if target.exists() else {"rows": [], "packages": {}}
     alone = result.setdefault("tool_alone", {})
+    real_size.warm_bytecode(real_size.user_env(dict(os.environ)))  # no tool run pays for compiling its sources
     for algorithm in args.algorithms.split(","):
         for tool in args.tools.split(","):
             row = measure(tool, algorithm, args.keep, model, cold=not args.warm)

@@ -160,6 +160,7 @@ def _rerun(tmp_path, monkeypatch, earlier: dict, first: str, until: str) -> tupl
         return [row]
 
     monkeypatch.setattr(real_size, "build_stages", fake_build)
+    monkeypatch.setattr(real_size, "warm_bytecode", lambda env: {"seconds": 0.0, "rc": 0, "env_has_flag": "PYTHONDONTWRITEBYTECODE" in env})
     work = tmp_path / "work"
     (work / "llama-3.2-1b-random").mkdir(parents=True)
     (work / "llama-3.2-1b-random" / "model.safetensors").write_bytes(b"")  # an earlier run's model: not written again
@@ -213,3 +214,19 @@ def test_cold_means_the_files_left_the_page_cache(tmp_path):
     assert page_cache.resident_bytes([weights]) > 4 << 20
     state = page_cache.prepare(True, [weights])
     assert state["cache"] == "cold" and state["resident_bytes"] < 1 << 20, state
+
+
+def test_children_write_bytecode_as_a_users_python_does(tmp_path, monkeypatch):
+    """A shell with PYTHONDONTWRITEBYTECODE=1 would make every stage compile torch's, transformers' and Quark's sources
+    (Quark's import: 8.5 s, 6.4 s of it compile()): the children's environment drops it, and the warm-up import writes
+    the .pyc the measured processes then read."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = real_size.user_env({**__import__("os").environ, "KEEP": "me"})
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["KEEP"] == "me"
+    (tmp_path / "warm_me.py").write_text("X = 1\n")
+    monkeypatch.setattr(real_size, "WARM_IMPORTS", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import warm_me")
+    done = real_size.warm_bytecode(env)
+    assert done["rc"] == 0 and done["dont_write_bytecode_dropped"] is True
+    assert list((tmp_path / "__pycache__").glob("warm_me.*.pyc"))
+    (tmp_path / "__pycache__").rename(tmp_path / "old")
+    assert real_size.warm_bytecode(dict(__import__("os").environ))["rc"] == 0 and not (tmp_path / "__pycache__").exists()  # the flag kept: none

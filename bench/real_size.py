@@ -271,6 +271,8 @@ def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dic
     rows = []
     names = [n for n in stages.order() if stages.get(n).kind != stages.MODEL_KIND]  # the model folder stands in for the source stage
     for name in names[names.index(first) if first else 0:]:
+        if first:
+            forget(out_root, name)  # measured again, not a cache hit of the earlier run (nor of a rebuilt input with the same bytes)
         cache = page_cache.prepare(cold, [p for p in tmp.rglob("*") if p.suffix in WEIGHTS and p.is_file()])
         if cache["cache"] == "warm" and cold:
             print(f"  {name}: {cache['cache_note']}", flush=True)
@@ -292,6 +294,20 @@ def build_stages(build_args: list[str], algorithm: str, out_root: Path, env: dic
         if stop:
             break
     return rows
+
+
+def forget(out_root: Path, name: str) -> str | None:
+    """Removes the cache entry of stage `name` an earlier build into `out_root` used (its `*.stages/NAME` link), so the
+    next build runs that stage; the cache rebuilds an entry it does not find (raipack.builder.cache.lookup). The entry's
+    path, None when there was none."""
+    import shutil
+
+    for link in out_root.glob(f"*.stages/{name}"):
+        entry = link.resolve()
+        if entry.is_dir() and entry != link:
+            shutil.rmtree(entry)
+            return str(entry)
+    return None
 
 
 def _stage_line(r: dict) -> str:
@@ -327,8 +343,12 @@ def validate_row(pkg: Path, env: dict, repeat: int = 5) -> dict:
 def writable_export(export: Path, tmp: Path) -> Path:
     """The export's files linked into a folder of our own, genai_config.json copied: the decode row
     writes its thread settings there, and cache entries are read-only."""
+    import shutil
+
     out = tmp / f"export-{export.resolve().name}"
-    out.mkdir(exist_ok=True)
+    if out.exists():  # an earlier run's (--from): made afresh
+        shutil.rmtree(out)
+    out.mkdir()
     for f in export.iterdir():
         if f.name == "genai_config.json":
             (out / f.name).write_bytes(f.read_bytes())

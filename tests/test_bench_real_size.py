@@ -230,3 +230,23 @@ def test_children_write_bytecode_as_a_users_python_does(tmp_path, monkeypatch):
     assert list((tmp_path / "__pycache__").glob("warm_me.*.pyc"))
     (tmp_path / "__pycache__").rename(tmp_path / "old")
     assert real_size.warm_bytecode(dict(__import__("os").environ))["rc"] == 0 and not (tmp_path / "__pycache__").exists()  # the flag kept: none
+
+
+def test_from_forgets_each_measured_stages_cache_entry_and_the_decode_folder_is_made_afresh(tmp_path):
+    """--from STAGE measures that stage again: its cache entry (the earlier build's *.stages/NAME link) is removed before it
+    runs, not reused as a 0-second cache hit; the decode row's export folder of an earlier run is replaced, not a crash."""
+    entry = tmp_path / "cache" / "stages" / "export" / "abc"
+    entry.mkdir(parents=True)
+    (entry / "model.onnx").write_bytes(b"x")
+    out_root = tmp_path / "build-rtn"
+    (out_root / "pkg.stages").mkdir(parents=True)
+    (out_root / "pkg.stages" / "export").symlink_to(entry)
+    assert real_size.forget(out_root, "export") == str(entry) and not entry.exists()
+    assert real_size.forget(out_root, "export") is None and real_size.forget(out_root, "smoke") is None
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "genai_config.json").write_text("{}")
+    (export / "model.onnx").write_bytes(b"graph")
+    first = real_size.writable_export(export, tmp_path)
+    again = real_size.writable_export(export, tmp_path)
+    assert first == again and (again / "model.onnx").read_bytes() == b"graph" and not (again / "genai_config.json").is_symlink()

@@ -78,5 +78,5 @@ class ScoringRuntime(ReferenceRuntime):
             raise ValueError("this package's graph has no last-row Gather to undo; score it with token steps")
         self._rows = []
         self.prefill(ids)
-        out, self._rows = np.concatenate(self._rows), []
+        out, self._rows = (self._rows[0] if len(self._rows) == 1 else np.concatenate(self._rows)), []  # one chunk: no second copy
         return out

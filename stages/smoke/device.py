@@ -105,12 +105,14 @@ def scored_float(report: dict, pkg: Path, tok, threads: int | None, progress, ex
     token), freed before it returns; the window's ids."""
     import gc
 
-    from raipack.runtime.scoring import ScoringRuntime  # late: heavy imports wait for the run (see above)
+    from raipack.runtime.heap import trim_heap  # late: heavy imports wait for the run (see above)
+    from raipack.runtime.scoring import ScoringRuntime  # late: as above
 
     scorer = ScoringRuntime(pkg, threads=threads, verify="sizes")  # hashed by the stage's first load (see device_run)
     ids = float_perplexity(report, scorer, tok, progress, export_window(export))
     del scorer
     gc.collect()
+    trim_heap()  # its pages back to the system before the BFP16 runtime loads
     return ids
 
 

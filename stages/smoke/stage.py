@@ -84,6 +84,7 @@ def run(job: Job) -> dict:
 
     # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
     from raipack.runtime.chat import chat_ids, load_tokenizer, peak_rss_mib
+    from raipack.runtime.heap import trim_heap  # late: as above
     from raipack.runtime.reference import ReferenceRuntime  # late: as above
     from raipack.stages.smoke.npu import try_npu  # late: as above
 
@@ -121,6 +122,7 @@ def run(job: Job) -> dict:
     pkg_dir = runtime.pkg
     del runtime
     gc.collect()
+    trim_heap()  # the freed runtime's pages back to the system before the next model loads: the peak is one model's
     ids: list[int] = []
     if cfg.perplexity if cfg.perplexity is not None else numerics != "float":
         started = time.perf_counter()
@@ -135,6 +137,7 @@ def run(job: Job) -> dict:
         if lacks:  # a prediction, not a failure: the float answer is the check; the report's first screen shows both
             job.progress.line(f"  {lacks}", "yellow")
         gc.collect()
+        trim_heap()
     started = time.perf_counter()
     up_to = None if cfg.export_check == "all" or cfg.tiers == "all" or not runs.padded else cfg.all_tiers_up_to
     _check_against_export(report, export, runs, cfg.threads, up_to)

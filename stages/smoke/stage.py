@@ -89,6 +89,8 @@ def run(job: Job) -> dict:
     from raipack.stages.smoke.npu import try_npu  # late: as above
 
     cfg: SmokeConfig = job.config
+    if cfg.export_check not in ("auto", "all"):
+        raise UsageError(f"[smoke].export_check is {cfg.export_check!r}; expected \"auto\" or \"all\"", "set export_check in the recipe")
     pkg, export = job.inputs["fuse"], job.inputs["export"]
     tok = load_tokenizer(pkg)
     fixed = chat_ids(tok, PROMPT)
@@ -111,8 +113,6 @@ def run(job: Job) -> dict:
     # the stage's work is the package answering its prompts (loaded for it); the perplexity, the device's numerics
     # and the export's check are raipack's own checks
     numerics = device.numerics_of(cfg, job.profile, report)
-    if cfg.export_check not in ("auto", "all"):
-        raise UsageError(f"[smoke].export_check is {cfg.export_check!r}; expected \"auto\" or \"all\"", "set export_check in the recipe")
     answer_tokens = device.export_answer_tokens(export)
     runs = _run_package(report, runtime, tok, fixed, cfg, job.progress)
     seconds = {"package": time.perf_counter() - started}

@@ -384,17 +384,26 @@ def save(result: dict, target: Path) -> None:
 # process (Quark's import took 8.5 s here that way, 6.4 s of it compile(); issue 41, session 15).
 WARM_IMPORTS = ("import torch, onnx, onnxruntime, transformers; from transformers import AutoModelForCausalLM; "
                 "import transformers.models.llama.modeling_llama; import onnxruntime_genai.models.builder; "
-                "from raipack.stages.quark_import import import_quark; import_quark(); import raipack.cli")
+                "from raipack.stages.quark_import import import_quark; import_quark(); "
+                "from raipack.runtime.numerics import quark_library; quark_library(); import raipack.cli")
+# torch builds Quark's two extensions (the quantize stage's, the BFP16 operator's) into one folder per user, and
+# rebuilds one whenever a Python of another install used it last (its sources' paths differ): 4-6 s at the first
+# BFP16 load after any other checkout's run. The bench's children get a folder of this checkout's own, built by
+# warm_bytecode, so no stage row pays a rebuild another checkout caused (a user with one install builds once).
+EXTENSIONS = ROOT / ".venv" / "torch-extensions"
 
 
 def user_env(base: dict) -> dict:
-    """The children's environment as a user's Python has it: bytecode written and read (PYTHONDONTWRITEBYTECODE dropped)."""
-    return {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    """The children's environment as a user's Python has it: bytecode written and read (PYTHONDONTWRITEBYTECODE
+    dropped), torch's extensions in this checkout's own folder (EXTENSIONS) unless TORCH_EXTENSIONS_DIR is set."""
+    env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS))
+    return env
 
 
 def warm_bytecode(env: dict) -> dict:
-    """Imports the tools' and raipack's modules once in a child with `env` (user_env), writing their .pyc; the
-    seconds it took and whether it ran, for the result file."""
+    """Imports the tools' and raipack's modules once in a child with `env` (user_env), writing their .pyc and building
+    Quark's extensions; the seconds it took and whether it ran, for the result file."""
     started = time.perf_counter()
     run = subprocess.run([PY, "-c", WARM_IMPORTS], env=env, cwd=ROOT, capture_output=True, text=True)
     return {"seconds": round(time.perf_counter() - started, 1), "rc": run.returncode, "dont_write_bytecode_dropped": "PYTHONDONTWRITEBYTECODE" in os.environ}

@@ -232,6 +232,18 @@ def test_children_write_bytecode_as_a_users_python_does(tmp_path, monkeypatch):
     assert real_size.warm_bytecode(dict(__import__("os").environ))["rc"] == 0 and not (tmp_path / "__pycache__").exists()  # the flag kept: none
 
 
+def test_children_build_torch_extensions_in_this_checkouts_own_folder(monkeypatch):
+    """torch rebuilds Quark's extension whenever another install used the shared per-user folder last (4-6 s inside the
+    first BFP16 load of a smoke stage, session 16): the children get this checkout's folder, a user's own setting kept;
+    the warm-up builds both extensions (the quantize stage's and the BFP16 operator's) before any stage is measured."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    env = real_size.user_env(dict(__import__("os").environ))
+    assert env["TORCH_EXTENSIONS_DIR"] == str(real_size.ROOT / ".venv" / "torch-extensions")
+    assert Path(env["TORCH_EXTENSIONS_DIR"]).is_absolute()  # raipack refuses a relative one (core/libraries.py)
+    assert real_size.user_env({"TORCH_EXTENSIONS_DIR": "/opt/ext"})["TORCH_EXTENSIONS_DIR"] == "/opt/ext"
+    assert "import_quark()" in real_size.WARM_IMPORTS and "quark_library()" in real_size.WARM_IMPORTS
+
+
 def test_from_forgets_each_measured_stages_cache_entry_and_the_decode_folder_is_made_afresh(tmp_path):
     """--from STAGE measures that stage again: its cache entry (the earlier build's *.stages/NAME link) is removed before it
     runs, not reused as a 0-second cache hit; the decode row's export folder of an earlier run is replaced, not a crash."""

@@ -23,7 +23,7 @@ class ExportConfig:
     parity_steps: int = 16
     parity_positions: int = 8  # generated positions per prompt whose logits rows parity compares (first, last, seeded others)
     # held-out tokens both perplexities read, and the smoke stage's window (it reads the export's report); "auto": 256 up to
-    # 2B forward parameters, fewer in proportion above (raipack.runtime.budget: 68 at Llama-3.1-8B)
+    # 0.6B forward parameters, fewer in proportion above (raipack.runtime.budget: 124 at Llama-3.2-1B, 64 at Llama-3.1-8B)
     parity_tokens: int | Literal["auto"] = "auto"
     max_ppl_ratio: float = 1.01  # exported / Quark perplexity on the held-out text
 

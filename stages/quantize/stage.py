@@ -17,7 +17,7 @@ PROMPT = "What is the capital of France?"
 def full_answer_tokens() -> int:
     """The probes' greedy answer to PROMPT at the full budget: a sentence's worth of tokens (pipeline/data/probes.json
     answer_tokens, 16; 32 before issue 25: at Llama-3.1-8B each step is about 0.8 s per model in transformers); fewer
-    above 2B forward parameters with quality_tokens = "auto" (pipeline/runtime/budget.py)."""
+    above 0.6B forward parameters with quality_tokens = "auto" (pipeline/runtime/budget.py)."""
     from raipack.runtime.budget import probes_data  # late: the stage registry imports every stage by name
 
     return int(probes_data()["answer_tokens"])
@@ -36,8 +36,8 @@ class QuantizeConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     max_ppl_increase: float | None = None  # fail when quantized/source perplexity - 1 exceeds this
     quality: bool = True  # measure perplexity and the greedy answer
-    # held-out tokens the perplexity probe scores, in `dtype`; "auto": 256 and 16-token answers up to 2B forward parameters,
-    # fewer in proportion above (pipeline/runtime/budget.py: 68 and 8 at Llama-3.1-8B)
+    # held-out tokens the perplexity probe scores, in `dtype`; "auto": 256 and 16-token answers up to 0.6B forward parameters,
+    # fewer in proportion above (pipeline/runtime/budget.py: 124 and 8 at Llama-3.2-1B, 64 and 8 at Llama-3.1-8B)
     quality_tokens: int | Literal["auto"] = "auto"
 
 

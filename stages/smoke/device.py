@@ -66,7 +66,7 @@ def export_window(export: Path) -> int | None:
 
 def export_answer_tokens(export: Path) -> int | None:
     """The answer length of the export's check budget as its report records it (raipack.runtime.budget.Budget: 16 up
-    to 2B forward parameters, 8 at Llama-3.1-8B); None when the report does not say."""
+    to 0.6B forward parameters, 8 at Llama-3.2-1B and above); None when the report does not say."""
     budget = _export_report(export).get("check_budget")
     answer = budget.get("answer_tokens") if isinstance(budget, dict) else None
     return answer if _count(answer) and answer >= 1 else None

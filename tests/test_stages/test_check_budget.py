@@ -1,4 +1,4 @@
-"""The checks' token budget (issue 41; raipack.runtime.budget): the full 256 tokens and 16-token answers up to 2B
+"""The checks' token budget (issue 41; raipack.runtime.budget): the full 256 tokens and 16-token answers up to 0.6B
 forward parameters, fewer in proportion above; an explicit setting is kept; a bad one is refused before any stage
 runs. The quantize probes, the export's parity perplexity and the smoke stage's window (the export's) use it."""
 
@@ -19,8 +19,10 @@ MODELS = json.loads((Path(__file__).resolve().parents[2] / "bench" / "real_model
 def test_the_budget_shrinks_with_the_models_forward_cost():
     data = probes_data()
     one, three, eight = (probe_budget(MODELS[m]) for m in ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"))
-    assert (one.tokens, one.answer_tokens) == (data["perplexity_tokens"], data["answer_tokens"]) == (256, 16)
-    assert (three.tokens, three.answer_tokens) == (159, 10) and (eight.tokens, eight.answer_tokens) == (68, 8)
+    small = probe_budget({**MODELS["llama-3.2-1b"], "num_hidden_layers": 2})  # 0.38B forward parameters, the lm_head most of them
+    assert (small.tokens, small.answer_tokens) == (data["perplexity_tokens"], data["answer_tokens"]) == (256, 16)
+    assert (one.tokens, one.answer_tokens) == (124, 8) and "1.24B forward parameters, scale 0.49" in one.basis
+    assert (three.tokens, three.answer_tokens) == (64, 8) and (eight.tokens, eight.answer_tokens) == (64, 8)  # the minimums
     # the forward parameters: the decoder's linears and norms, and the lm_head (the embedding gather costs nothing)
     assert forward_parameters(MODELS["llama-3.1-8b"]) == pytest.approx(7.50e9, rel=1e-3)
     assert "7.50B forward parameters" in eight.basis
@@ -31,7 +33,7 @@ def test_the_budget_shrinks_with_the_models_forward_cost():
 def test_a_set_budget_is_kept_and_a_config_without_sizes_gets_the_full_one():
     assert probe_budget(MODELS["llama-3.1-8b"], 300)[:2] == (300, 16)
     assert probe_budget({"model_type": "llama"}) == (256, 16, "auto: the config gives no size, the full budget", 1.0)
-    assert probe_budget(None).tokens == 256 and probe_budget(MODELS["llama-3.1-8b"]).scale == pytest.approx(0.2666, abs=1e-3)
+    assert probe_budget(None).tokens == 256 and probe_budget(MODELS["llama-3.1-8b"]).scale == pytest.approx(0.08, abs=1e-3)
 
 
 @pytest.mark.parametrize("value", [1, 0, True, "many"])

@@ -87,20 +87,24 @@ def _unpack(packed: Any, columns: int) -> Any:
     return x.reshape(packed.shape[0], -1)[:, :columns]
 
 
-def _dequantize(mod: Any) -> Any:
-    """The float32 weight [out, in] of a ``_supported`` module: (q - zero point) x scale per group, the same
-    arithmetic as Quark's kernel (bit-identical, tests/test_stages/test_quantize.py) in a third of its time
-    (unpacked in int32 rather than through int64 and int8, no transposed copy: the result is a transposed view)."""
-
-    wq = mod.weight_quantizer
-    scale = wq.scale  # [in / group, out]: Quark stores per-group weights transposed
+def dequantize_packed(packed: Any, scale: Any, zero_point: Any) -> Any:
+    """The float weight [out, in] of a packed uint4 tensor (int32 [in, out / 8], Quark's reorder layout), its scales
+    [in / group, out] and zero points (int32 [in / group, out / 8]): (q - zero point) x scale per group in the scales'
+    dtype, the same arithmetic as Quark's kernel (bit-identical, tests/test_stages/test_quantize.py) in a third of its
+    time (unpacked in int32 rather than through int64 and int8, no transposed copy: the result is a transposed view)."""
     groups, out = scale.shape
-    q = _unpack(mod.weight.data, out)  # [in, out]
-    zp = _unpack(wq.zero_point, out).to(scale.dtype)  # [in / group, out]
+    q = _unpack(packed, out)  # [in, out]
+    zp = _unpack(zero_point, out).to(scale.dtype)  # [in / group, out]
     w = q.view(groups, -1, out).to(scale.dtype)
     w -= zp.unsqueeze(1)
     w *= scale.unsqueeze(1)
     return w.reshape(-1, out).t()
+
+
+def _dequantize(mod: Any) -> Any:
+    """The float32 weight [out, in] of a ``_supported`` module (Quark stores per-group weights transposed)."""
+    wq = mod.weight_quantizer
+    return dequantize_packed(mod.weight.data, wq.scale, wq.zero_point)
 
 
 def fast_dequantize(model: Any) -> dict[str, int]:

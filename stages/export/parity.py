@@ -1,7 +1,9 @@
 """Parity of an exported OGA model with the Quark model it came from.
 
 The ONNX side runs through `raipack.runtime.ortloop.OrtDecoder` (plain onnxruntime); the reference side reloads
-the Quark export in transformers, which reads Quark checkpoints natively. The two models are loaded one after the
+the Quark export in transformers: for AMD's NPU scheme as a plain transformers model whose linears dequantize Quark's
+packing per call (`raipack.runtime.quark_plain`, without Quark's import), otherwise through Quark, which transformers
+reads natively. The two models are loaded one after the
 other, never held together. Both see the same token ids
 (the Quark folder's tokenizer, no chat template).
 """
@@ -20,6 +22,7 @@ from raipack.runtime.heap import trim_heap
 from raipack.runtime.ortloop import OrtDecoder, perplexity
 from raipack.runtime.quark_hf import dequantize_once as _dequantize_once
 from raipack.runtime.quark_hf import fast_dequantize
+from raipack.runtime.quark_plain import load_plain
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -97,10 +100,6 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     t0 = time.perf_counter()
     if threads:
         torch.set_num_threads(int(threads))
-    # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
-    from raipack.stages.quark_import import import_quark
-
-    import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
     tokenizer = AutoTokenizer.from_pretrained(str(quark_dir))
     # One model at a time: the export's decoder first (its greedy tokens and perplexity), then the Quark model in
     # transformers, so the stage never holds both (at 8B each is several GiB beside the builder's leftovers).
@@ -120,9 +119,20 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     trim_heap()
     t_onnx = time.perf_counter()
 
-    model = AutoModelForCausalLM.from_pretrained(str(quark_dir), dtype=torch.float32).eval()
-    swapped = _dequantize_once(model) if opts.dequantize_once else 0
-    fast = fast_dequantize(model)  # per call, 3x faster than Quark's unpack; checked bit-identical on the first linear
+    # AMD's NPU scheme without Quark's import (quark_plain: the same weights and logits bit for bit); anything else,
+    # or dequantize_once, through Quark in transformers
+    model = None if opts.dequantize_once else load_plain(quark_dir)
+    loader, swapped = ("raipack", 0) if model is not None else ("quark", None)
+    if model is None:
+        # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
+        from raipack.stages.quark_import import import_quark
+
+        import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
+        model = AutoModelForCausalLM.from_pretrained(str(quark_dir), dtype=torch.float32).eval()
+        swapped = _dequantize_once(model) if opts.dequantize_once else 0
+        fast = fast_dequantize(model)  # per call, 3x faster than Quark's unpack; checked bit-identical on the first linear
+    else:
+        fast = {"modules": sum(type(m).__name__ == "PackedLinear" for m in model.modules())}
     t_loaded_hf = time.perf_counter()
     # transformers along the export's tokens and over the held-out text: one forward for all (_hf_packed)
     *forced, h_logits = _hf_packed(model, [(list(ids) + list(o_tokens)[:-1], len(o_tokens)) for ids, o_tokens, _ in greedy] + [(held, len(held))])
@@ -176,6 +186,7 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
             "tokens": len(held),
             "ratio": round(ppl_onnx / ppl_hf, 5),
         },
+        "reference_loader": loader,  # "raipack": raipack.runtime.quark_plain; "quark": transformers through Quark
         "dequantized_modules": swapped,
         "fast_dequantized_modules": fast["modules"],
         "seconds": round(time.perf_counter() - t0, 3),

@@ -297,6 +297,7 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     assert report["dequantized_modules"] == 0  # Quark's linears dequantize per call (no float32 copy of them: 28 GB at 8B)
     assert 0 < report["seconds_load"] + report["seconds_onnx"] + report["seconds_transformers"] <= report["seconds"]
     assert report["fast_dequantized_modules"] == 2 * 7  # with raipack's reader of the packing (bit-identical, test_quantize.py)
+    assert report["reference_loader"] == "raipack"  # AMD's scheme without Quark's import (raipack.runtime.quark_plain)
     assert all(len(p["tokens_onnx"]) == 32 for p in report["prompts"])
     assert [p["positions_compared"] for p in report["prompts"]] == [8] * len(PROMPTS) and report["positions_compared"] == 8 * len(PROMPTS)
     ppl = report["perplexity"]
@@ -304,7 +305,7 @@ def test_parity_with_transformers(oga_default, tiny_quark):
     json.dumps(report)
     # dequantized once instead (the option): the same linears swapped, the same verdict and tokens
     once = parity(tiny_quark.quark_dir, oga_default[0], PROMPTS, HELDOUT_TEXT, steps=32, dequantize_once=True)
-    assert once["dequantized_modules"] == 2 * 7
+    assert once["dequantized_modules"] == 2 * 7 and once["reference_loader"] == "quark"
     assert [p["tokens_transformers"] for p in once["prompts"]] == [p["tokens_transformers"] for p in report["prompts"]]
     assert abs(once["perplexity"]["transformers"] - ppl["transformers"]) < 1e-3 * ppl["transformers"]
 
@@ -336,7 +337,7 @@ def test_parity_holds_one_model_at_a_time(oga_default, tiny_quark, monkeypatch):
     models: list = []
     alive_at_load: list[int] = []  # decoders alive when transformers loads
     models_at_init: list[int] = []  # transformers models alive when a decoder is made
-    real_init, real_load = ortloop.OrtDecoder.__init__, transformers.AutoModelForCausalLM.from_pretrained
+    real_init, real_load, real_plain = ortloop.OrtDecoder.__init__, transformers.AutoModelForCausalLM.from_pretrained, parity_module.load_plain
 
     def init(self, *args, **kwargs):
         gc.collect()
@@ -351,8 +352,16 @@ def test_parity_holds_one_model_at_a_time(oga_default, tiny_quark, monkeypatch):
         models.append(weakref.ref(model))
         return model
 
+    def plain(*args, **kwargs):  # the reference model without Quark (raipack.runtime.quark_plain), counted as a load too
+        gc.collect()
+        alive_at_load.append(sum(ref() is not None for ref in decoders))
+        model = real_plain(*args, **kwargs)
+        models.append(weakref.ref(model))
+        return model
+
     monkeypatch.setattr(ortloop.OrtDecoder, "__init__", init)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(parity_module, "load_plain", plain)
     report = parity_module.parity(tiny_quark.quark_dir, oga_default[0], PROMPTS[:1], HELDOUT_TEXT, steps=4, max_heldout_tokens=16)
     assert len(decoders) == 1 and alive_at_load == [0] and models_at_init == [0]
     assert report["perplexity"]["tokens"] == 16 and report["seconds_load"] > 0

@@ -836,3 +836,26 @@ def test_the_heap_is_trimmed_after_each_linear_the_export_converts(awq_export, s
     assert len(trims) == record["layers_quantized"] + layers  # one per converted linear, one per AWQ layer
     mine, before = load_file(str(out / "model.safetensors")), load_file(str(awq_export[0] / "model.safetensors"))
     assert set(mine) == set(before) and all((mine[k] == before[k]).all() for k in mine)
+
+
+def test_the_plain_loader_reads_an_awq_export_as_quark_does(awq_export):
+    """AWQ folds its scales into the weights before they are packed: its export is the same scheme as RTN's, so the
+    export's parity loads it without Quark (raipack.runtime.quark_plain) and gets the logits of its Quark path (Quark's
+    modules with raipack's reader, fast_dequantize) bit for bit. Quark's own unpacking gives the same weights (test
+    above) in another memory layout, whose matrix product sums in another order: within 1e-5 of those."""
+    import torch
+
+    from raipack.runtime.quark_hf import fast_dequantize
+    from raipack.runtime.quark_plain import load_plain
+    from raipack.stages.quantize.quality import load_hf
+
+    out, record, _ = awq_export
+    plain = load_plain(out)
+    assert plain is not None and sum(type(m).__name__ == "PackedLinear" for m in plain.modules()) == record["layers_quantized"]
+    theirs, _ = load_hf(out)
+    ids = torch.tensor([[1, 5, 9, 17, 33, 65, 2]])
+    with torch.no_grad():
+        mine, quarks = plain(input_ids=ids).logits, theirs(input_ids=ids).logits
+        assert fast_dequantize(theirs)["modules"] == record["layers_quantized"]
+        assert torch.equal(mine, theirs(input_ids=ids).logits)
+    assert torch.allclose(mine, quarks, rtol=0, atol=1e-5)

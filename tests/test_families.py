@@ -180,3 +180,4 @@ def test_run_past_the_sliding_window_matches_the_export(built, family, profile_i
     # the window is the check budget's ("auto": a tiny model gets the full one) and the report says so, for the smoke stage
     budget = stage(result, "export").report["check_budget"]
     assert budget["tokens"] == 256 >= parity["tokens"] and budget["scale"] == 1.0 and budget["basis"].startswith("auto: ")
+    assert stage(result, "export").report["parity"]["steps"] == budget["answer_tokens"] == 16  # parity_steps "auto": the budget's answers

@@ -19,8 +19,9 @@ class ExportConfig:
     extra_options: dict = field(default_factory=dict)  # builder extra options (name -> value)
     parity: bool = True
     # parity's budget keeps it a small part of the stage at 8B (issue 25: 32 steps and 512 tokens made parity
-    # 270 s beside the builder's 238 s); 16 steps with 8 positions compared and 256 tokens still catch a wrong graph
-    parity_steps: int = 16
+    # 270 s beside the builder's 238 s); 16 steps with 8 positions compared and 256 tokens still catch a wrong graph.
+    # "auto": the check budget's answer length (raipack.runtime.budget: 16 up to 0.6B forward parameters, 8 above)
+    parity_steps: int | Literal["auto"] = "auto"
     parity_positions: int = 8  # generated positions per prompt whose logits rows parity compares (first, last, seeded others)
     # held-out tokens both perplexities read, and the smoke stage's window (it reads the export's report); "auto": 256 up to
     # 0.6B forward parameters, fewer in proportion above (raipack.runtime.budget: 124 at Llama-3.2-1B, 64 at Llama-3.1-8B)
@@ -52,7 +53,8 @@ def run(job: Job) -> dict:
         gc.collect()
         trim_heap()  # the builder's freed tensors go back to the system before parity loads its models
         budget = folder_budget(quark, cfg.parity_tokens)  # the Quark export's config.json
-        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=cfg.parity_steps, positions=cfg.parity_positions,
+        steps = budget.answer_tokens if cfg.parity_steps == "auto" else cfg.parity_steps
+        p = parity(quark, job.workdir, PROMPTS, heldout_text(), steps=steps, positions=cfg.parity_positions,
                    max_heldout_tokens=budget.tokens)
         report["parity"] = p
         report["check_budget"] = budget._asdict()  # the smoke stage's perplexity window is this one
@@ -71,12 +73,12 @@ def preflight(config: ExportConfig, target: dict) -> None:
     """Refuse a parity setting that cannot be sampled before any stage runs."""
     least = {"parity_steps": 1, "parity_positions": 2, "parity_tokens": 2}
     for name, value in (("parity_steps", config.parity_steps), ("parity_positions", config.parity_positions), ("parity_tokens", config.parity_tokens)):
-        if name == "parity_tokens" and value == "auto":
+        if name in ("parity_tokens", "parity_steps") and value == "auto":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < least[name]:
             raise UsageError(f"[export].{name} is {value!r}; expected a whole number of at least {least[name]}"
                              + (" (the first and the last generated position are always compared)" if name == "parity_positions" else "")
-                             + (' or "auto"' if name == "parity_tokens" else ""),
+                             + (' or "auto"' if name in ("parity_tokens", "parity_steps") else ""),
                              f"set {name} to {ExportConfig.__dataclass_fields__[name].default!r} (the default), or parity = false to skip parity")
 
 

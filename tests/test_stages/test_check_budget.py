@@ -55,8 +55,10 @@ def test_the_export_parity_window_is_auto_by_default_and_refuses_a_bad_one():
     from raipack.runtime.budget import folder_budget
     from raipack.stages.export.stage import ExportConfig, preflight
 
-    assert ExportConfig().parity_tokens == "auto"
+    assert ExportConfig().parity_tokens == "auto" and ExportConfig().parity_steps == "auto"  # the budget's window and answer length
     preflight(ExportConfig(), {})  # "auto" passes
+    with pytest.raises(UsageError, match=r"\[export\]\.parity_steps is 'some'; expected a whole number of at least 1 or \"auto\""):
+        preflight(ExportConfig(parity_steps="some"), {})
     with pytest.raises(UsageError, match=r"\[export\]\.parity_tokens is 'many'; expected a whole number of at least 2 or \"auto\""):
         preflight(ExportConfig(parity_tokens="many"), {})
     missing = folder_budget(Path("/nonexistent"))  # an unreadable config.json: the full budget, and the basis says why

@@ -86,11 +86,14 @@ def load_plain(folder: str | Path, dtype: str = "float32") -> Any | None:
         from transformers.initialization import no_init_weights
     except ImportError:  # transformers < 5
         return None
-    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    with no_init_weights():  # parameters allocated, not initialized: every one is filled from the file below or refused
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), trust_remote_code=False)
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        with no_init_weights():  # parameters allocated, not initialized: every one is filled from the file below or refused
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), trust_remote_code=False)
+    except (ValueError, KeyError, OSError):  # an architecture transformers does not know: the Quark path says so in its words
+        return None
     model.tie_weights()  # a tied lm_head is the embedding's parameter before it is filled (from_config leaves it apart here)
     with safe_open(str(weights), framework="pt") as fh:
         ok = _fill(model, fh, getattr(torch, dtype))

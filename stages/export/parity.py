@@ -122,17 +122,18 @@ def parity(quark_dir: str | Path, onnx_dir: str | Path, prompts: list[str], held
     # AMD's NPU scheme without Quark's import (quark_plain: the same weights and logits bit for bit); anything else,
     # or dequantize_once, through Quark in transformers
     model = None if opts.dequantize_once else load_plain(quark_dir)
-    loader, swapped = ("raipack", 0) if model is not None else ("quark", None)
-    if model is None:
+    if model is not None:
+        loader, swapped = "raipack", 0
+        fast = {"modules": sum(type(m).__name__ == "PackedLinear" for m in model.modules())}
+    else:
         # late: the stage registry imports every stage by name; its work (torch, onnx, quark) loads only when the stage runs
         from raipack.stages.quark_import import import_quark
 
         import_quark()  # transformers imports quark, which may compile its extension: never hang on a killed build's lock
+        loader = "quark"
         model = AutoModelForCausalLM.from_pretrained(str(quark_dir), dtype=torch.float32).eval()
         swapped = _dequantize_once(model) if opts.dequantize_once else 0
         fast = fast_dequantize(model)  # per call, 3x faster than Quark's unpack; checked bit-identical on the first linear
-    else:
-        fast = {"modules": sum(type(m).__name__ == "PackedLinear" for m in model.modules())}
     t_loaded_hf = time.perf_counter()
     # transformers along the export's tokens and over the held-out text: one forward for all (_hf_packed)
     *forced, h_logits = _hf_packed(model, [(list(ids) + list(o_tokens)[:-1], len(o_tokens)) for ids, o_tokens, _ in greedy] + [(held, len(held))])

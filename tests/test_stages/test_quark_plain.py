@@ -87,7 +87,7 @@ def _copy(tiny_quark, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("edit", ["extra tensor", "missing norm", "scale of another shape", "config says int4"])
+@pytest.mark.parametrize("edit", ["extra tensor", "missing norm", "scale of another shape", "config says int4", "unknown architecture"])
 def test_tensors_it_cannot_place_give_none_and_parity_goes_through_quark(tiny_quark, oga_default, tmp_path, edit):
     from safetensors.torch import load_file, save_file
 
@@ -104,7 +104,10 @@ def test_tensors_it_cannot_place_give_none_and_parity_goes_through_quark(tiny_qu
         tensors[down] = tensors[down][:, :-1].contiguous()
     else:
         cfg = json.loads((folder / "config.json").read_text())
-        cfg["quantization_config"]["global_quant_config"]["weight"]["dtype"] = "int4"
+        if edit == "config says int4":
+            cfg["quantization_config"]["global_quant_config"]["weight"]["dtype"] = "int4"
+        else:  # transformers does not know it: None, not an exception (the Quark path reports it in its words)
+            cfg["model_type"] = "not_a_transformers_model"
         (folder / "config.json").write_text(json.dumps(cfg))
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     assert load_plain(folder) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from typing import Any
 
 # --- Quark quantization_config -------------------------------------------------------------------
 
@@ -60,6 +61,28 @@ def layer_weight_spec(quant_config: dict, layer: str) -> dict | None:
         "symmetric": bool(symmetric),
     }
 
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def plain_group_size(quantization_config: Any) -> int | None:
+    """The group size when a Quark `quantization_config` is the scheme `load_plain` reads (uint4, per group along the
+    input, zero point in int32, weight-only, "reorder" packing, no per-layer configs), else None."""
+    qc = _object(quantization_config)
+    glob = _object(qc.get("global_quant_config"))
+    weight, export = _object(glob.get("weight")), _object(qc.get("export"))
+    group = weight.get("group_size")
+    plain = (qc.get("quant_method") == "quark" and export.get("pack_method") == "reorder" and export.get("weight_format") == "real_quantized"
+             and not export.get("weight_merge_groups") and not export.get("kv_cache_group")
+             and weight.get("dtype") == "uint4" and weight.get("qscheme") == "per_group" and weight.get("ch_axis") in (-1, 1)
+             and weight.get("zero_point_type") == "int32" and weight.get("scale_type") == "float" and not weight.get("is_dynamic")
+             and weight.get("mx_element_dtype") is None and weight.get("block_size") is None and weight.get("scale_format") is None
+             and all(glob.get(k) is None for k in ("input_tensors", "output_tensors", "bias"))
+             and not qc.get("layer_quant_config") and not qc.get("layer_type_quant_config") and not qc.get("kv_cache_quant_config")
+             and qc.get("softmax_quant_spec") is None and isinstance(group, int) and not isinstance(group, bool) and group > 0)
+    return group if plain else None
 
 # --- names: Hugging Face module <-> builder node ---------------------------------------------------
 

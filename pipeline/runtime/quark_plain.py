@@ -21,28 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from raipack.npu.quark_config import plain_group_size
 from raipack.runtime.quark_hf import dequantize_packed
 
 SCALE, ZERO = ".weight_scale", ".weight_zero_point"
-
-
-def plain_group_size(quantization_config: Any) -> int | None:
-    """The group size when a Quark `quantization_config` is the scheme `load_plain` reads (uint4, per group along the
-    input, zero point in int32, weight-only, "reorder" packing, no per-layer configs), else None."""
-    qc = quantization_config if isinstance(quantization_config, dict) else {}
-    glob = qc.get("global_quant_config") if isinstance(qc.get("global_quant_config"), dict) else {}
-    weight = glob.get("weight") if isinstance(glob.get("weight"), dict) else {}
-    export = qc.get("export") if isinstance(qc.get("export"), dict) else {}
-    group = weight.get("group_size")
-    plain = (qc.get("quant_method") == "quark" and export.get("pack_method") == "reorder" and export.get("weight_format") == "real_quantized"
-             and not export.get("weight_merge_groups") and not export.get("kv_cache_group")
-             and weight.get("dtype") == "uint4" and weight.get("qscheme") == "per_group" and weight.get("ch_axis") in (-1, 1)
-             and weight.get("zero_point_type") == "int32" and weight.get("scale_type") == "float" and not weight.get("is_dynamic")
-             and weight.get("mx_element_dtype") is None and weight.get("block_size") is None and weight.get("scale_format") is None
-             and all(glob.get(k) is None for k in ("input_tensors", "output_tensors", "bias"))
-             and not qc.get("layer_quant_config") and not qc.get("layer_type_quant_config") and not qc.get("kv_cache_quant_config")
-             and qc.get("softmax_quant_spec") is None and isinstance(group, int) and not isinstance(group, bool) and group > 0)
-    return group if plain else None
 
 
 @functools.cache

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from raipack.runtime.quark_plain import load_plain, plain_group_size
+from raipack.npu.quark_config import plain_group_size
+from raipack.runtime.quark_plain import load_plain
 from shared_fixtures import HELDOUT_TEXT, PROMPTS
 
 

@@ -27,6 +27,7 @@ from raipack.core.memory import ENV_LIMIT, GIB, MIB, available, gib, parse_size 
 from raipack.core.stage import MemoryEstimate
 from raipack.data import load_data
 from raipack.npu import families
+from raipack.stages.quantize.awq_clip import rows_per_call, sampled_tokens
 from raipack.stages.quantize.preflight import text_config
 
 
@@ -157,9 +158,8 @@ def estimate(config_json: dict, *, dtype: str, device: str, num_samples: int, se
         if algorithm == "awq":
             terms["linear_inputs"] = t * sum(fi for _, fi, _ in s.linears()) * b
             clip = data["awq_clip"]
-            sampled = math.ceil(t / max(1, t // clip["sample_tokens"])) if t else 0
-            search = max((min(fo, clip["out_channel_batch"] if fo % clip["out_channel_batch"] == 0 else clip["out_channel_batch_fallback"])
-                          * sampled * fi * b for name, fi, fo in s.linears() if name not in clip["skip"]), default=0)
+            sampled = sampled_tokens(t, clip["sample_tokens"])
+            search = max((rows_per_call(fo, fi, sampled, b, clip) * sampled * fi * b for name, fi, fo in s.linears() if name not in clip["skip"]), default=0)
             terms["clip_search"] = search
             scale = data["awq_scale_search"]
             sizes = {name: fi * fo for name, fi, fo in s.linears()}

@@ -1,12 +1,11 @@
 """Weight-only UINT4 quantization of a Hugging Face causal LM with AMD Quark 0.13.
 
-Scheme ``uint4_wo_<group>``: asymmetric per-group UINT4 weights, float activations,
-``lm_head`` excluded; algorithm AWQ (default), GPTQ or plain round-to-nearest (RTN).
-The result is Quark's Hugging Face export (``custom_mode="quark"``,
-``weight_format="real_quantized"``, ``pack_method="reorder"``) plus every file of the
-source folder Quark does not copy (tokenizer, chat template, generation config, custom
-code...), written into ``out_dir`` (new or empty: raipack.core.output.output_folder;
-the build runner stages the folder and swaps it into place).
+Scheme ``uint4_wo_<group>``: asymmetric per-group UINT4 weights, float activations, ``lm_head``
+excluded; algorithm AWQ (default), GPTQ or plain round-to-nearest (RTN). The result is Quark's Hugging
+Face export (``custom_mode="quark"``, ``weight_format="real_quantized"``, ``pack_method="reorder"``) plus
+every file of the source folder Quark does not copy (tokenizer, chat template, generation config, custom
+code...), written into ``out_dir`` (new or empty: raipack.core.output.output_folder; the build runner
+stages the folder and swaps it into place).
 
 Everything cheap is checked before anything heavy runs (stages/quantize/preflight.py), and Quark
 must have a template for the architecture. The CPU runtime settings are in runtime.py, the
@@ -28,6 +27,7 @@ from typing import Any
 from raipack.core.errors import RaipackError
 from raipack.core.memory import peak_rss_bytes, reset_peak_rss
 from raipack.stages.quantize import awq_groups
+from raipack.stages.quantize.awq_clip import bounded_clip_search
 from raipack.stages.quantize.owned import own_mapped_tensors
 from raipack.stages.quantize.preflight import (
     HINT,
@@ -375,10 +375,11 @@ def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: 
 
     with output_folder(out_dir) as tmp:
         t_q = time.perf_counter()
-        with _report_layers(progress), awq_groups.record_scaling() as scaled, torch.no_grad():
+        with _report_layers(progress), awq_groups.record_scaling() as scaled, bounded_clip_search() as clip_rows, torch.no_grad():
             quantizer = ModelQuantizer(qconfig)
             model = quantizer.quantize_model(model, batches)
-            awq = awq_record(scaled) if awq_record else None
+            # with how Quark's clipping search was split (awq_clip.py): the fewest and most rows per call
+            awq = {**awq_record(scaled), "clip_rows_per_call": [min(clip_rows, default=0), max(clip_rows, default=0)]} if awq_record else None
         # No freeze(): Quark documents it for torch.compile, and export_safetensors quantizes each QuantLinear
         # itself. freeze() first wrote every quantized linear again as a fake-quantized copy (+1.8x the linears'
         # size measured on Llama-3.2-1B in bfloat16) that the export then rounded a second time (in bfloat16 that

@@ -359,6 +359,8 @@ def test_awq_export_format_and_progress(awq_export):
     assert record["calibration"] == {"num_samples": 3, "seq_len": 32, "tokens": 96}
     assert [e for e in events if e[0] == "calibration"] == [("calibration", i, 3) for i in (1, 2, 3)]
     assert [e for e in events if e[0] == "awq"] == [("awq", 1, 2), ("awq", 2, 2)]
+    # the tiny model's searches fit awq_clip's bound: Quark's own batches (v_proj's 128 rows in 64s, the others 256)
+    assert record["awq"]["clip_rows_per_call"] == [64, 256]
 
 
 def test_gptq_export_format_and_progress(src_with_extras, tmp_path):
@@ -836,6 +838,25 @@ def test_the_heap_is_trimmed_after_each_linear_the_export_converts(awq_export, s
     assert len(trims) == record["layers_quantized"] + layers  # one per converted linear, one per AWQ layer
     mine, before = load_file(str(out / "model.safetensors")), load_file(str(awq_export[0] / "model.safetensors"))
     assert set(mine) == set(before) and all((mine[k] == before[k]).all() for k in mine)
+
+
+def test_awq_with_its_clipping_search_split_into_rows_writes_the_same_export(awq_export, src_with_extras, tmp_path, monkeypatch):
+    """The whole stage with Quark's clipping search seeing a few rows at a time (awq_clip.py) writes the file the
+    awq_export fixture wrote with Quark's batches, tensor for tensor."""
+    import torch
+    from safetensors.torch import load_file
+
+    from raipack.stages.quantize import awq_clip
+
+    limits = awq_clip.clip_limits()
+    sampled = awq_clip.sampled_tokens(3 * 32, limits["sample_tokens"])
+    element = torch.empty(0, dtype=getattr(torch, awq_export[1]["dtype"])).element_size()
+    monkeypatch.setattr(awq_clip, "clip_limits", lambda: {**limits, "chunk_bytes": 37 * sampled * 256 * element})
+    out = tmp_path / "q"
+    record = quantize(src_with_extras, out, algorithm="awq", group_size="auto", num_samples=3, seq_len=32)
+    assert record["awq"]["clip_rows_per_call"] == [18, 37]  # down_proj reads 512 inputs, the others 256
+    mine, before = load_file(str(out / "model.safetensors")), load_file(str(awq_export[0] / "model.safetensors"))
+    assert set(mine) == set(before) and [k for k in mine if not torch.equal(mine[k], before[k])] == []
 
 
 def test_the_plain_loader_reads_an_awq_export_as_quark_does(awq_export):

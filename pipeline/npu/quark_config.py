@@ -62,7 +62,6 @@ def layer_weight_spec(quant_config: dict, layer: str) -> dict | None:
     }
 
 
-
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -83,6 +82,7 @@ def plain_group_size(quantization_config: Any) -> int | None:
              and not qc.get("layer_quant_config") and not qc.get("layer_type_quant_config") and not qc.get("kv_cache_quant_config")
              and qc.get("softmax_quant_spec") is None and isinstance(group, int) and not isinstance(group, bool) and group > 0)
     return group if plain else None
+
 
 # --- names: Hugging Face module <-> builder node ---------------------------------------------------
 

@@ -8,9 +8,9 @@ each phase; Quark's AWQ steps are named by wrapping its methods (`init_quant`, `
 `_search_best_scale`, `_search_best_clip`, `_apply_quant`). After each decoder layer the resident memory
 is recorded too.
 
-Quark's own switches are read when it is imported, so set them in the environment of this command to
-compare them (the stage's `runtime_env` sets `QUARK_DISABLE_COMPILE=1` and `OMP_WAIT_POLICY=PASSIVE`
-before Quark loads, where it can):
+Quark's own switches are read when it is imported, and this script imports it before the stage's
+`runtime_env` would set `QUARK_DISABLE_COMPILE=1` and `OMP_WAIT_POLICY=PASSIVE`: set them in the environment
+of this command to run as `raipack build` does (the table says what Quark and OpenMP saw):
 
     QUARK_DISABLE_COMPILE=1 python bench/quantize_phases.py --model llama-3.1-8b --layers 2
     python bench/quantize_phases.py --model llama-3.1-8b --layers 2 --keep /tmp/phases
@@ -93,11 +93,18 @@ class Phases:
 
 def run(src: Path, work: Path, samples: int, seq_len: int) -> dict:
     from quark.torch.algorithm.awq.awq import AwqProcessor
+    from quark.torch.utils import QUARK_DISABLE_COMPILE
+
+    # as torch and Quark read them at their import, just above (quantize() sets the stage's defaults only after it)
+    env = {"QUARK_DISABLE_COMPILE": "1" if QUARK_DISABLE_COMPILE else "0", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "unset")}
 
     from raipack.data import heldout_text
+    from raipack.runtime.budget import probe_budget
     from raipack.stages.quantize import quark_awq
     from raipack.stages.quantize import stage as quantize_stage
+    from raipack.stages.quantize.preflight import read_config
 
+    budget = probe_budget(read_config(src))  # the stage's "auto" budget for this model, as its probes get it
     phases = Phases().start()
     for attribute, name in AWQ_STEPS.items():
         phases.wrap(AwqProcessor, attribute, name)
@@ -111,22 +118,22 @@ def run(src: Path, work: Path, samples: int, seq_len: int) -> dict:
     def before(model):
         phases.name = "source_probe"
         try:
-            return quantize_stage.probe_source(model, src, heldout_text(), tokens=64, answer_tokens=8)
+            return quantize_stage.probe_source(model, src, heldout_text(), tokens=budget.tokens, answer_tokens=budget.answer_tokens)
         finally:
             phases.name = "quark"
 
     record = quark_awq.quantize(src, work / "quark", algorithm="awq", num_samples=samples, seq_len=seq_len, progress=progress, before=before)
     phases.name = "quantized_probe"
-    quantize_stage.measure(src, work / "quark", heldout_text(), dtype=record["dtype"], tokens=(64, 8), source_probe=record.pop("source_probe"))
+    quantize_stage.measure(src, work / "quark", heldout_text(), dtype=record["dtype"], tokens=(budget.tokens, budget.answer_tokens), source_probe=record.pop("source_probe"))
     phases.stop()
     return {"seconds": round(time.perf_counter() - t0, 1), "seconds_quark": record["seconds_quantize"] + record["seconds_export"],
             "peak_rss_bytes": record["peak_rss_bytes"], "phases": phases.peaks, "layers": layers,
-            "env": {k: os.environ[k] for k in ("QUARK_DISABLE_COMPILE", "OMP_WAIT_POLICY") if k in os.environ}}
+            "env": env}
 
 
 def table(result: dict) -> str:
     lines = [f"{result['seconds']} s in all, Quark {result['seconds_quark']:.1f} s; quantize()'s peak {result['peak_rss_bytes'] / GIB:.2f} GiB; "
-             f"environment {result['env'] or 'none of the switches'}", "", "| phase | VmRSS | RssAnon | RssFile |", "|---|---|---|---|"]
+             f"at Quark's import {result['env']}", "", "| phase | VmRSS | RssAnon | RssFile |", "|---|---|---|---|"]
     lines += [f"| {name} | " + " | ".join(f"{peak[k] / GIB:.2f} GiB" for k in FIELDS) + " |" for name, peak in result["phases"].items()]
     if result["layers"]:
         first, last = result["layers"][0], result["layers"][-1]

@@ -42,10 +42,10 @@ def test_a_wrapped_call_counts_in_its_phase_and_the_phase_before_comes_back():
 
 def test_the_table_names_every_phase_and_the_layers():
     g = 2**30
-    result = {"seconds": 12.5, "seconds_quark": 9.0, "peak_rss_bytes": 3 * g, "env": {"QUARK_DISABLE_COMPILE": "1"},
+    result = {"seconds": 12.5, "seconds_quark": 9.0, "peak_rss_bytes": 3 * g, "env": {"QUARK_DISABLE_COMPILE": "1", "OMP_WAIT_POLICY": "PASSIVE"},
               "phases": {"load": {"VmRSS": g, "RssAnon": g // 2, "RssFile": g // 2}, "scale_search": {"VmRSS": 3 * g, "RssAnon": 2 * g, "RssFile": g}},
               "layers": [{"layer": 1, "seconds": 4.0, "RssAnon": g, "VmRSS": g, "RssFile": 0}, {"layer": 2, "seconds": 8.0, "RssAnon": 2 * g, "VmRSS": g, "RssFile": 0}]}
     text = quantize_phases.table(result)
     assert "| scale_search | 3.00 GiB | 2.00 GiB | 1.00 GiB |" in text
-    assert "quantize()'s peak 3.00 GiB" in text and "QUARK_DISABLE_COMPILE" in text
+    assert "quantize()'s peak 3.00 GiB" in text and "at Quark's import {'QUARK_DISABLE_COMPILE': '1', 'OMP_WAIT_POLICY': 'PASSIVE'}" in text
     assert "after decoder layer 1: RssAnon 1.00 GiB; after layer 2: 2.00 GiB (8.0 s)" in text

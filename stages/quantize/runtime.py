@@ -45,10 +45,6 @@ def runtime_env(threads: int | None = None) -> dict[str, str]:
         "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
         "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
         "MALLOC_TOP_PAD_": str(TOP_PAD),
-        # Quark's own switch (read when quark is imported): skip torch.compile of its
-        # fake-quantize kernel. Same per-layer speed on CPU, saves the ~4 s compile per
-        # process and the need for a working inductor C++ toolchain.
-        "QUARK_DISABLE_COMPILE": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
@@ -84,13 +80,44 @@ def apply_runtime_settings(threads: int | None = None) -> dict[str, Any]:
     n = int(threads or int(os.environ.get("OMP_NUM_THREADS") or env["OMP_NUM_THREADS"]))
     torch.set_num_threads(n)
     denormal = bool(torch.set_flush_denormal(True))
+    compiles, why = quark_compile()
     return {
         "torch_threads": torch.get_num_threads(),
         "flush_denormal": denormal,
         "mallopt": mallopt,
         "omp_env_effective": not torch_loaded,
+        "quark_compile": compiles,
+        "quark_compile_why": why,
         "env": env,
     }
+
+
+def quark_compile() -> tuple[bool, str]:
+    """Whether Quark will torch.compile its fake-quantize kernel (``ScaledFakeQuantize``), and why.
+
+    Compiled, AWQ's scale search at Llama-3.1-8B width takes 2.80 GiB and 22 s a layer instead of
+    4.67 GiB and 33 s (docs/measurements/quantize.md, issue 41), so the stage leaves Quark's default
+    (compile on Linux, not on Windows, where inductor needs Triton) unless the user set
+    ``QUARK_DISABLE_COMPILE`` or torch's inductor finds no C++ compiler (``CXX`` or ``g++``): then
+    ``QUARK_DISABLE_COMPILE=1`` goes into the environment, before Quark reads it at its import.
+    """
+    constants = sys.modules.get("quark.torch.utils.constants")
+    if constants is not None:  # read at Quark's import: too late to change
+        return not constants.QUARK_DISABLE_COMPILE, "fixed when Quark was imported, before the stage"
+    value = os.environ.get("QUARK_DISABLE_COMPILE")
+    if value is not None:
+        return value != "1", f"QUARK_DISABLE_COMPILE={value} in the environment"
+    if sys.platform == "win32":
+        return False, "Quark's default on Windows (torch's inductor needs Triton there)"
+    # late: torch's own search for the compiler inductor will call (imported by a compile anyway)
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except RuntimeError as exc:  # InvalidCxxCompiler
+        os.environ["QUARK_DISABLE_COMPILE"] = "1"
+        return False, f"no C++ compiler for torch's inductor ({str(exc).strip()})"
+    return True, "Quark's default on Linux"
 
 
 # After a run the process goes on (fuse and smoke in `raipack build`, more builds in a test worker):

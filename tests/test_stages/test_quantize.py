@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from raipack.stages.quantize.calibration import (
 )
 from raipack.stages.quantize.preflight import GroupSizeError, check_group_size, resolve_group_size
 from raipack.stages.quantize.quark_awq import quantize
-from raipack.stages.quantize.runtime import apply_runtime_settings, runtime_env
+from raipack.stages.quantize.runtime import apply_runtime_settings, quark_compile, runtime_env
 
 
 def config_of(path: Path) -> dict:
@@ -172,6 +173,32 @@ def test_runtime_settings(monkeypatch):
     finally:
         torch.set_num_threads(before)
         torch.set_flush_denormal(flushed_before)
+
+
+def test_quark_compiles_unless_told_or_without_a_cpp_compiler(monkeypatch):
+    """Quark's torch.compile of its fake quantizer halves AWQ's scale-search memory at 8B width (issue 41):
+    the stage keeps it where torch's inductor finds a C++ compiler (torch's own search decides), and turns
+    it off with Quark's switch where none is found or the user says so."""
+    from torch._inductor import config as inductor
+
+    monkeypatch.delitem(sys.modules, "quark.torch.utils.constants", raising=False)  # as before Quark's import
+    monkeypatch.delenv("QUARK_DISABLE_COMPILE", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    with inductor.patch({"cpp.cxx": (None, sys.executable)}):  # answers --version like a compiler
+        assert quark_compile() == (True, "Quark's default on Linux")
+    assert "QUARK_DISABLE_COMPILE" not in os.environ
+    with inductor.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        compiles, why = quark_compile()
+    assert compiles is False and why.startswith("no C++ compiler for torch's inductor") and "/nonexistent/g++" in why
+    assert os.environ["QUARK_DISABLE_COMPILE"] == "1"  # set before Quark reads it
+    for value, expected in (("0", True), ("1", False)):
+        monkeypatch.setenv("QUARK_DISABLE_COMPILE", value)
+        assert quark_compile() == (expected, f"QUARK_DISABLE_COMPILE={value} in the environment")
+    monkeypatch.delenv("QUARK_DISABLE_COMPILE")
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert quark_compile()[0] is False and "QUARK_DISABLE_COMPILE" not in os.environ  # Quark's own default there
+    monkeypatch.setitem(sys.modules, "quark.torch.utils.constants", types.SimpleNamespace(QUARK_DISABLE_COMPILE=False))
+    assert quark_compile() == (True, "fixed when Quark was imported, before the stage")
 
 
 def test_flush_denormal_is_off_again_after_the_run():
@@ -349,6 +376,9 @@ def test_rtn_record(rtn_export):
     assert record["peak_rss_bytes"] > 50 * 2**20
     assert set(record["versions"]) == {"quark", "torch", "transformers"}
     assert record["versions"]["quark"].startswith("0.13")
+    from quark.torch.utils import constants  # the record says what Quark did, not what was asked
+
+    assert record["runtime"]["quark_compile"] is not constants.QUARK_DISABLE_COMPILE
 
 
 def test_awq_export_format_and_progress(awq_export):

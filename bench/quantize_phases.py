@@ -9,11 +9,12 @@ each phase; Quark's AWQ steps are named by wrapping its methods (`init_quant`, `
 is recorded too.
 
 Quark's own switches are read when it is imported, and this script imports it before the stage's
-`runtime_env` would set `QUARK_DISABLE_COMPILE=1` and `OMP_WAIT_POLICY=PASSIVE`: set them in the environment
-of this command to run as `raipack build` does (the table says what Quark and OpenMP saw):
+`apply_runtime_settings` would set `OMP_WAIT_POLICY=PASSIVE` (and `QUARK_DISABLE_COMPILE=1` where torch finds
+no C++ compiler): set them in the environment of this command to run as `raipack build` does (the table says
+what Quark and OpenMP saw):
 
-    QUARK_DISABLE_COMPILE=1 python bench/quantize_phases.py --model llama-3.1-8b --layers 2
-    python bench/quantize_phases.py --model llama-3.1-8b --layers 2 --keep /tmp/phases
+    OMP_WAIT_POLICY=PASSIVE python bench/quantize_phases.py --model llama-3.1-8b --layers 2
+    QUARK_DISABLE_COMPILE=1 python bench/quantize_phases.py --model llama-3.1-8b --layers 2 --keep /tmp/phases
 """
 
 from __future__ import annotations

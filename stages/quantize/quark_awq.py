@@ -8,8 +8,9 @@ code...), written into ``out_dir`` (new or empty: raipack.core.output.output_fol
 stages the folder and swaps it into place).
 
 Everything cheap is checked before anything heavy runs (stages/quantize/preflight.py), and Quark
-must have a template for the architecture. The CPU runtime settings are in runtime.py, the
-files written after Quark's export in quark_export.py.
+must have a template for the architecture. The CPU runtime settings are in runtime.py, the hooks
+into Quark's layer and export loops in quark_loops.py, the files written after Quark's export in
+quark_export.py.
 
 torch, transformers and quark are imported inside the functions that need them.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,8 @@ from raipack.stages.quantize.preflight import (
     text_config,
 )
 from raipack.stages.quantize.quark_export import copy_missing_files, fix_config, quantized_tensor_names, versions
-from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory, restore_denormals, trim_heap
-
-Progress = Callable[[str, int, int], None]
+from raipack.stages.quantize.quark_loops import Progress, report_layers, trim_while_converting
+from raipack.stages.quantize.runtime import apply_runtime_settings, release_memory, restore_denormals
 
 ALGORITHMS = ("awq", "gptq", "rtn")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -74,74 +73,6 @@ class _CalibrationBatches:
             yield sample
             if self.progress is not None:
                 self.progress("calibration", i, n)
-
-
-# Quark's per-decoder-layer loops iterate `tqdm(range(n_layers), desc=...)` through the name
-# `tqdm` bound in these modules; the wrapper below reports each finished layer.
-_LAYER_LOOPS = {
-    "quark.torch.algorithm.awq.awq": "awq",
-    "quark.torch.algorithm.common": "gptq",
-}
-# Quark's export converts each QuantLinear to its packed form in a loop of this module, with this description.
-_CONVERT_MODULE = "quark.torch.export.main_export.model_post_process"
-_CONVERT_DESC = "Converting QuantLinear"
-
-
-@contextmanager
-def _after_each(module_name: str, after: Callable[[int, int], None], desc_prefix: str = "") -> Iterator[None]:
-    """While the block runs: the `tqdm` a Quark module binds calls `after(i, total)` after the i-th item of each
-    loop it wraps whose description starts with `desc_prefix` (every loop when empty); the module's own `tqdm`
-    comes back afterwards."""
-    import importlib
-
-    module = importlib.import_module(module_name)
-    original = module.tqdm
-
-    def wrapper(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
-        bar = original(iterable, *args, **kwargs)
-        if not str(kwargs.get("desc", "")).startswith(desc_prefix):
-            return bar
-        total = kwargs.get("total") or (len(iterable) if hasattr(iterable, "__len__") else 0)
-
-        def gen() -> Iterator[Any]:
-            for i, item in enumerate(bar, start=1):
-                yield item
-                after(i, total)
-
-        return gen()
-
-    module.tqdm = wrapper
-    try:
-        yield
-    finally:
-        module.tqdm = original
-
-
-@contextmanager
-def _report_layers(progress: Progress | None) -> Iterator[None]:
-    """While Quark's AWQ/GPTQ loop runs: after each decoder layer, give the heap's free pages back
-    (runtime.trim_heap) and report the layer to ``progress``."""
-
-    def after_layer(stage: str) -> Callable[[int, int], None]:
-        def after(i: int, total: int) -> None:
-            trim_heap()
-            if progress is not None:
-                progress(stage, i, total)
-
-        return after
-
-    with ExitStack() as stack:
-        for module_name, stage in _LAYER_LOOPS.items():
-            stack.enter_context(_after_each(module_name, after_layer(stage)))
-        yield
-
-
-def _trim_while_converting() -> AbstractContextManager[None]:
-    """While Quark's export converts each QuantLinear to its packed form, give the heap's free pages back after
-    each one (runtime.trim_heap): the weights it releases are chunks in the middle of the heap, which glibc keeps
-    resident, so anonymous memory grew by the linears' size during the export (four Llama-3.1-8B-width layers,
-    AWQ: export peak 7.72 -> 4.25 GiB)."""
-    return _after_each(_CONVERT_MODULE, lambda i, total: trim_heap(), _CONVERT_DESC)
 
 
 @dataclass(frozen=True)
@@ -375,7 +306,7 @@ def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: 
 
     with output_folder(out_dir) as tmp:
         t_q = time.perf_counter()
-        with _report_layers(progress), awq_groups.record_scaling() as scaled, bounded_clip_search() as clip_rows, torch.no_grad():
+        with report_layers(progress), awq_groups.record_scaling() as scaled, bounded_clip_search() as clip_rows, torch.no_grad():
             quantizer = ModelQuantizer(qconfig)
             model = quantizer.quantize_model(model, batches)
             # with how Quark's clipping search was split (awq_clip.py): the fewest and most rows per call
@@ -389,7 +320,7 @@ def _quantize_and_export(run: _Quantization, src_dir: Path, out_dir: Path, cfg: 
         release_memory()
         quantize_seconds = time.perf_counter() - t_q
         t_e = time.perf_counter()
-        with _trim_while_converting():
+        with trim_while_converting():
             export_safetensors(model, str(tmp), custom_mode="quark", weight_format="real_quantized", pack_method="reorder")
         export_seconds = time.perf_counter() - t_e
         qc = fix_config(tmp, cfg)

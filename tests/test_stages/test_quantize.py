@@ -785,15 +785,15 @@ def test_the_heap_is_trimmed_after_each_decoder_layer(monkeypatch):
     (runtime.trim_heap), with or without a progress callback; the loops are Quark's own again afterwards."""
     import importlib
 
-    import raipack.stages.quantize.quark_awq as qa
+    import raipack.stages.quantize.quark_loops as loops
 
     trims, events = [], []
-    monkeypatch.setattr(qa, "trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr(loops, "trim_heap", lambda: trims.append(1) or True)
     awq = importlib.import_module("quark.torch.algorithm.awq.awq")
     original = awq.tqdm
     for progress in (None, lambda step, done, total: events.append((step, done, total))):
         trims.clear()
-        with qa._report_layers(progress):
+        with loops.report_layers(progress):
             assert list(awq.tqdm(range(3), desc="AWQ")) == [0, 1, 2]
         assert len(trims) == 3
         assert awq.tqdm is original
@@ -801,22 +801,22 @@ def test_the_heap_is_trimmed_after_each_decoder_layer(monkeypatch):
 
 
 def test_after_each_runs_after_the_items_of_matching_loops_only(monkeypatch):
-    """_after_each (both wrappers above are made of it) calls back after each item of a loop whose description
+    """after_each (both wrappers above are made of it) calls back after each item of a loop whose description
     matches, with its count and total, leaves other loops alone, and puts the module's tqdm back, also on error."""
     import types
 
-    import raipack.stages.quantize.quark_awq as qa
+    import raipack.stages.quantize.quark_loops as loops
 
     module = types.ModuleType("fake_quark_loops")
     module.tqdm = lambda iterable=None, *args, **kwargs: iter(iterable)
     original = module.tqdm
     monkeypatch.setitem(sys.modules, "fake_quark_loops", module)
     calls: list = []
-    with qa._after_each("fake_quark_loops", lambda i, total: calls.append((i, total)), "Converting"):
+    with loops.after_each("fake_quark_loops", lambda i, total: calls.append((i, total)), "Converting"):
         assert list(module.tqdm(range(2), desc="Converting QuantLinear")) == [0, 1]
         assert list(module.tqdm(range(3), desc="Loading")) == [0, 1, 2]
     assert calls == [(1, 2), (2, 2)] and module.tqdm is original
-    with pytest.raises(ValueError), qa._after_each("fake_quark_loops", lambda i, total: None):
+    with pytest.raises(ValueError), loops.after_each("fake_quark_loops", lambda i, total: None):
         raise ValueError("inside")
     assert module.tqdm is original
 
@@ -859,9 +859,10 @@ def test_the_heap_is_trimmed_after_each_linear_the_export_converts(awq_export, s
     from safetensors.torch import load_file
 
     import raipack.stages.quantize.quark_awq as qa
+    import raipack.stages.quantize.quark_loops as loops
 
     trims = []
-    monkeypatch.setattr(qa, "trim_heap", lambda: trims.append(1) or True)
+    monkeypatch.setattr(loops, "trim_heap", lambda: trims.append(1) or True)
     out = tmp_path / "q"
     record = qa.quantize(src_with_extras, out, algorithm="awq", group_size="auto", num_samples=3, seq_len=32)
     layers = record["decoder_layers"]

@@ -109,15 +109,15 @@ def quark_compile() -> tuple[bool, str]:
         return value != "1", f"QUARK_DISABLE_COMPILE={value} in the environment"
     if sys.platform == "win32":
         return False, "Quark's default on Windows (torch's inductor needs Triton there)"
-    # late: torch's own search for the compiler inductor will call (imported by a compile anyway)
-    from torch._inductor import cpp_builder
-
     try:
+        # late: torch's own search for the compiler inductor will call (imported by a compile anyway)
+        from torch._inductor import cpp_builder
+
         cpp_builder.get_cpp_compiler()
-    except RuntimeError as exc:  # InvalidCxxCompiler
+    except (ImportError, RuntimeError) as exc:  # InvalidCxxCompiler is a RuntimeError
         os.environ["QUARK_DISABLE_COMPILE"] = "1"
         return False, f"no C++ compiler for torch's inductor ({str(exc).strip()})"
-    return True, "Quark's default on Linux"
+    return True, f"Quark's default on {sys.platform}"
 
 
 # After a run the process goes on (fuse and smoke in `raipack build`, more builds in a test worker):

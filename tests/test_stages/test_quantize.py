@@ -185,7 +185,7 @@ def test_quark_compiles_unless_told_or_without_a_cpp_compiler(monkeypatch):
     monkeypatch.delenv("QUARK_DISABLE_COMPILE", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     with inductor.patch({"cpp.cxx": (None, sys.executable)}):  # answers --version like a compiler
-        assert quark_compile() == (True, "Quark's default on Linux")
+        assert quark_compile() == (True, "Quark's default on linux")
     assert "QUARK_DISABLE_COMPILE" not in os.environ
     with inductor.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
         compiles, why = quark_compile()

@@ -43,13 +43,7 @@ GIB = 2**30
 
 def status() -> dict[str, int]:
     """This process's resident memory now, bytes (Linux)."""
-    out = dict.fromkeys(FIELDS, 0)
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            key = line.split(":", 1)[0]
-            if key in out:
-                out[key] = int(line.split()[1]) * 1024
-    return out
+    return {**dict.fromkeys(FIELDS, 0), **real_size.proc_status("self", FIELDS)}
 
 
 class Phases:

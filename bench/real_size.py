@@ -161,13 +161,23 @@ def write_model(out: Path, cfg: dict, seed: int = 0) -> dict:
 # --------------------------------------------------------------------------- measuring a process
 
 
-def anon_bytes(pid: int) -> int | None:
-    """RssAnon of a running process (its anonymous resident memory: heap, tensors; not file pages)."""
+def proc_status(pid: int | str, fields: tuple[str, ...]) -> dict[str, int]:
+    """The memory ``fields`` of ``/proc/<pid>/status`` (``pid`` "self": this process), bytes; empty when it has ended."""
+    out: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/status") as fh:
-            return next((int(line.split()[1]) * 1024 for line in fh if line.startswith("RssAnon:")), None)
+            for line in fh:
+                key = line.split(":", 1)[0]
+                if key in fields:
+                    out[key] = int(line.split()[1]) * 1024
     except OSError:
-        return None
+        return {}
+    return out
+
+
+def anon_bytes(pid: int) -> int | None:
+    """RssAnon of a running process (its anonymous resident memory: heap, tensors; not file pages)."""
+    return proc_status(pid, ("RssAnon",)).get("RssAnon")
 
 
 def measured(args: list[str], env: dict, tmp: Path, sample_s: float = 0.2, child: str = CHILD) -> dict:
